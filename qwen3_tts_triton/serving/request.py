@@ -1,0 +1,257 @@
+"""Validation of `tts` model requests (pure: numpy only; no Triton, no torch).
+
+The Triton adapter hands us each input as a numpy array (or ``None`` when absent). Every check
+raises :class:`RequestError` naming the input and the allowed values; the adapter turns it into a
+Triton ``INVALID_ARG`` error. Nothing here touches the engine, so a bad request can never disturb
+the others.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+
+__all__ = ["RequestError", "TtsLimits", "TtsRequest", "parse_tts_request", "TTS_INPUTS",
+           "SAMPLE_FORMATS", "TASK_TYPES"]
+
+TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
+SAMPLE_FORMATS = ("float32", "int16")
+
+
+class RequestError(ValueError):
+    """A request input is invalid. ``field`` names the input."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+# name -> (Triton dtype, kind) ; kind: str | bool | int | float | audio
+TTS_INPUTS = {
+    "text": ("BYTES", "str"),
+    "task_type": ("BYTES", "str"),
+    "speaker": ("BYTES", "str"),
+    "language": ("BYTES", "str"),
+    "instruct": ("BYTES", "str"),
+    "ref_audio": ("FP32", "audio"),
+    "ref_sample_rate": ("INT32", "int"),
+    "ref_text": ("BYTES", "str"),
+    "x_vector_only": ("BOOL", "bool"),
+    "voice_id": ("BYTES", "str"),
+    "sample_format": ("BYTES", "str"),
+    "stream": ("BOOL", "bool"),
+    "temperature": ("FP32", "float"),
+    "top_k": ("INT32", "int"),
+    "seed": ("INT64", "int"),
+    "max_frames": ("INT32", "int"),
+    "ignore_eos": ("BOOL", "bool"),
+}
+
+
+@dataclass(frozen=True)
+class TtsLimits:
+    """Server-side defaults and limits (from the `tts` model's config.pbtxt parameters)."""
+
+    default_task_type: str = "CustomVoice"
+    default_speaker: Optional[str] = None
+    default_language: str = "auto"
+    default_sample_format: str = "float32"
+    default_stream: bool = True
+    default_temperature: float = 0.9
+    default_top_k: int = 50
+    default_max_frames: int = 2048
+    max_frames_limit: int = 4096
+    max_text_chars: int = 2000
+    max_instruct_chars: int = 1000
+    ref_min_seconds: float = 1.0
+    ref_max_seconds: float = 30.0
+    ref_sample_rates: tuple = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000)
+    max_top_k: int = 2048
+
+    def __post_init__(self):
+        if self.default_task_type not in TASK_TYPES:
+            raise ValueError(f"default_task_type must be one of {TASK_TYPES}")
+        if self.default_sample_format not in SAMPLE_FORMATS:
+            raise ValueError(f"default_sample_format must be one of {SAMPLE_FORMATS}")
+        if not (1 <= self.default_max_frames <= self.max_frames_limit):
+            raise ValueError("default_max_frames must be in [1, max_frames_limit]")
+        if not (0 < self.ref_min_seconds < self.ref_max_seconds):
+            raise ValueError("need 0 < ref_min_seconds < ref_max_seconds")
+        if self.max_text_chars < 1:
+            raise ValueError("max_text_chars must be >= 1")
+
+
+@dataclass(frozen=True)
+class TtsRequest:
+    """A validated request. Model-specific checks (speaker and language names, task type served by
+    the checkpoint) happen in the prompt builder, which knows the checkpoint's config."""
+
+    text: str
+    task_type: str
+    speaker: Optional[str]
+    language: str
+    instruct: Optional[str]
+    ref_audio: Optional[np.ndarray]  # float32 mono, at ref_sample_rate
+    ref_sample_rate: Optional[int]
+    ref_text: Optional[str]
+    x_vector_only: bool
+    voice_id: Optional[str]
+    sample_format: str
+    stream: bool
+    temperature: float
+    top_k: int
+    seed: Optional[int]
+    max_frames: int
+    ignore_eos: bool
+
+    def with_(self, **kw) -> "TtsRequest":
+        return replace(self, **kw)
+
+
+def _scalar(name: str, arr: Any, kind: str):
+    """Return the single element of a [1] or [1, 1] input, checked for type."""
+    if arr is None:
+        return None
+    a = np.asarray(arr)
+    if a.size != 1 or a.ndim > 2:
+        raise RequestError(name, f"expected a single value of shape [1] (or [1, 1]), got shape {list(a.shape)}")
+    v = a.reshape(-1)[0]
+    if kind == "str":
+        if isinstance(v, (bytes, np.bytes_)):
+            try:
+                return bytes(v).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RequestError(name, f"is not valid UTF-8 ({e.reason} at byte {e.start})") from None
+        if isinstance(v, str):
+            return v
+        raise RequestError(name, f"expected a UTF-8 string (BYTES), got {a.dtype}")
+    if kind == "bool":
+        if a.dtype != np.bool_:
+            raise RequestError(name, f"expected BOOL, got {a.dtype}")
+        return bool(v)
+    if kind == "int":
+        if not np.issubdtype(a.dtype, np.integer):
+            raise RequestError(name, f"expected an integer tensor, got {a.dtype}")
+        return int(v)
+    if kind == "float":
+        if not np.issubdtype(a.dtype, np.floating):
+            raise RequestError(name, f"expected a float tensor, got {a.dtype}")
+        return float(v)
+    raise AssertionError(kind)
+
+
+def _choice(name: str, value: Optional[str], allowed: Sequence[str], default: Optional[str],
+            case_insensitive: bool = True) -> Optional[str]:
+    if value is None or value.strip() == "":
+        return default
+    v = value.strip()
+    for a in allowed:
+        if (v.lower() == a.lower()) if case_insensitive else (v == a):
+            return a
+    raise RequestError(name, f"{value!r} is not allowed; allowed values: {', '.join(allowed)}")
+
+
+def _text(name: str, value: Optional[str], max_chars: int, required: bool) -> Optional[str]:
+    if value is None:
+        if required:
+            raise RequestError(name, "is required")
+        return None
+    if "\x00" in value:
+        raise RequestError(name, "contains a NUL character")
+    if value.strip() == "":
+        if required:
+            raise RequestError(name, "is empty or whitespace only")
+        return None
+    if len(value) > max_chars:
+        raise RequestError(name, f"has {len(value)} characters; the limit is {max_chars}")
+    return value
+
+
+def _audio(arr: Any) -> Optional[np.ndarray]:
+    if arr is None:
+        return None
+    a = np.asarray(arr)
+    if a.dtype not in (np.float32, np.float64):
+        raise RequestError("ref_audio", f"expected FP32 samples in [-1, 1], got {a.dtype}")
+    if a.ndim == 2 and a.shape[0] == 1:
+        a = a[0]
+    if a.ndim != 1:
+        raise RequestError("ref_audio", f"expected mono audio of shape [samples] or [1, samples], got {list(a.shape)}")
+    if not np.all(np.isfinite(a)):
+        raise RequestError("ref_audio", "contains NaN or Inf")
+    return a.astype(np.float32, copy=False)
+
+
+def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsRequest:
+    """Validate raw inputs (name -> numpy array or None) against ``limits``."""
+    unknown = set(inputs) - set(TTS_INPUTS)
+    if unknown:
+        raise RequestError(sorted(unknown)[0], f"unknown input; known inputs: {', '.join(TTS_INPUTS)}")
+    v = {name: _scalar(name, inputs.get(name), kind)
+         for name, (_, kind) in TTS_INPUTS.items() if kind != "audio"}
+
+    text = _text("text", v["text"], limits.max_text_chars, required=True)
+    task = _choice("task_type", v["task_type"], TASK_TYPES, limits.default_task_type)
+    speaker = v["speaker"].strip().lower() if v["speaker"] and v["speaker"].strip() else limits.default_speaker
+    language = v["language"].strip().lower() if v["language"] and v["language"].strip() else limits.default_language
+    instruct = _text("instruct", v["instruct"], limits.max_instruct_chars, required=False)
+    sample_format = _choice("sample_format", v["sample_format"], SAMPLE_FORMATS, limits.default_sample_format)
+    stream = limits.default_stream if v["stream"] is None else v["stream"]
+
+    temperature = limits.default_temperature if v["temperature"] is None else v["temperature"]
+    if not math.isfinite(temperature) or temperature < 0:
+        raise RequestError("temperature", f"must be a finite number >= 0 (0 = greedy), got {temperature}")
+    top_k = limits.default_top_k if v["top_k"] is None else v["top_k"]
+    if not (1 <= top_k <= limits.max_top_k):
+        raise RequestError("top_k", f"must be in [1, {limits.max_top_k}], got {top_k}")
+    seed = v["seed"]
+    if seed is not None and not (0 <= seed < 2**63):
+        raise RequestError("seed", f"must be in [0, 2^63), got {seed}")
+    max_frames = limits.default_max_frames if v["max_frames"] is None else v["max_frames"]
+    if not (1 <= max_frames <= limits.max_frames_limit):
+        raise RequestError("max_frames", f"must be in [1, {limits.max_frames_limit}], got {max_frames}")
+
+    ref_audio = _audio(inputs.get("ref_audio"))
+    ref_sr = v["ref_sample_rate"]
+    ref_text = _text("ref_text", v["ref_text"], limits.max_text_chars, required=False)
+    voice_id = v["voice_id"].strip() if v["voice_id"] and v["voice_id"].strip() else None
+    x_vector_only = bool(v["x_vector_only"]) if v["x_vector_only"] is not None else False
+    if ref_audio is not None:
+        if ref_sr is None:
+            raise RequestError("ref_sample_rate", "is required with ref_audio")
+        if ref_sr not in limits.ref_sample_rates:
+            raise RequestError("ref_sample_rate", f"{ref_sr} Hz is not supported; allowed: "
+                               + ", ".join(str(s) for s in limits.ref_sample_rates))
+        secs = ref_audio.shape[0] / ref_sr
+        if secs < limits.ref_min_seconds:
+            raise RequestError("ref_audio", f"is {secs:.2f} s long; at least {limits.ref_min_seconds} s is needed")
+        if secs > limits.ref_max_seconds:
+            raise RequestError("ref_audio", f"is {secs:.2f} s long; at most {limits.ref_max_seconds} s is allowed")
+        if float(np.sqrt(np.mean(np.square(ref_audio, dtype=np.float64)))) < 1e-4:
+            raise RequestError("ref_audio", "is silence (RMS below 1e-4)")
+        if float(np.max(np.abs(ref_audio))) > 1.0 + 1e-6:
+            raise RequestError("ref_audio", "samples must lie in [-1, 1]")
+    elif ref_sr is not None:
+        raise RequestError("ref_sample_rate", "given without ref_audio")
+
+    if task == "VoiceDesign" and instruct is None:
+        raise RequestError("instruct", "is required for task_type VoiceDesign (describe the voice)")
+    if task == "Base":
+        if ref_audio is None and voice_id is None:
+            raise RequestError("ref_audio", "task_type Base needs ref_audio (with ref_sample_rate) or a cached voice_id")
+        if ref_audio is not None and not x_vector_only and ref_text is None:
+            raise RequestError("ref_text", "is required for in-context cloning; set x_vector_only=true to clone from the speaker embedding alone")
+    else:
+        for name, val in (("ref_audio", ref_audio), ("ref_text", ref_text), ("voice_id", voice_id)):
+            if val is not None:
+                raise RequestError(name, f"is only used with task_type Base, not {task}")
+
+    return TtsRequest(
+        text=text, task_type=task, speaker=speaker, language=language, instruct=instruct,
+        ref_audio=ref_audio, ref_sample_rate=ref_sr, ref_text=ref_text, x_vector_only=x_vector_only,
+        voice_id=voice_id, sample_format=sample_format, stream=stream, temperature=temperature,
+        top_k=top_k, seed=seed, max_frames=max_frames, ignore_eos=bool(v["ignore_eos"] or False),
+    )
