@@ -1,0 +1,193 @@
+"""Typed, validated settings of the Triton models, parsed once in ``initialize()``.
+
+Triton hands a Python model its ``config.pbtxt`` as JSON; ``parameters`` arrive as
+``{"key": {"string_value": "..."}}``. :func:`parameters_from_model_config` flattens them and each
+``*ModelConfig.from_parameters`` turns them into a frozen dataclass. A bad or unknown value fails
+the model load with a message naming the parameter and what is allowed; nothing is parsed again
+on the hot path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Mapping, Optional, Tuple, Type, TypeVar
+
+from .admission import AdmissionConfig
+from .request import SAMPLE_FORMATS, TASK_TYPES, TtsLimits
+
+T = TypeVar("T")
+
+
+class ModelConfigError(ValueError):
+    pass
+
+
+def parameters_from_model_config(model_config: Any) -> dict:
+    """``args["model_config"]`` (JSON string or dict) -> {key: string value}."""
+    cfg = json.loads(model_config) if isinstance(model_config, str) else model_config
+    out = {}
+    for key, val in (cfg.get("parameters") or {}).items():
+        out[key] = val.get("string_value", "") if isinstance(val, dict) else str(val)
+    return out
+
+
+def _convert(name: str, raw: str, typ, default):
+    s = raw.strip()
+    try:
+        if typ is bool or isinstance(default, bool):
+            if s.lower() in ("1", "true", "yes", "on"):
+                return True
+            if s.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        if typ is int or isinstance(default, int):
+            return int(s)
+        if typ is float or isinstance(default, float):
+            return float(s)
+        if isinstance(default, tuple):
+            return tuple(int(x) for x in s.replace(" ", "").split(",") if x)
+        return s
+    except ValueError as e:
+        raise ModelConfigError(f"parameter '{name}': cannot parse {raw!r} ({e})") from None
+
+
+def _from_parameters(cls: Type[T], params: Mapping[str, str], ignore=()) -> T:
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(params) - set(known) - set(ignore) - {"EXECUTION_ENV_PATH"}
+    if unknown:
+        raise ModelConfigError(f"unknown parameter(s) {sorted(unknown)}; known: {sorted(known)}")
+    kw = {}
+    for name, f in known.items():
+        if name in params and params[name].strip() != "":
+            default = f.default if f.default is not MISSING else None
+            kw[name] = _convert(name, params[name], f.type if isinstance(f.type, type) else None, default)
+        elif f.default is MISSING:
+            raise ModelConfigError(f"parameter '{name}' is required")
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError) as e:
+        raise ModelConfigError(str(e)) from None
+
+
+def _choice(name, value, allowed):
+    if value not in allowed:
+        raise ModelConfigError(f"parameter '{name}' must be one of {', '.join(allowed)}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class TalkerModelConfig:
+    checkpoint: str
+    engine: str = "vllm"  # vllm | native
+    device: str = "cuda"  # cuda | cpu
+    dtype: str = "bfloat16"  # bfloat16 | float16 | float32
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+    kv_cache_memory_bytes: int = 0  # 0: use gpu_memory_utilization
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = False
+    seed: int = 0
+    warmup: bool = True
+
+    def __post_init__(self):
+        _choice("engine", self.engine, ("vllm", "native"))
+        _choice("device", self.device, ("cuda", "cpu"))
+        _choice("dtype", self.dtype, ("bfloat16", "float16", "float32"))
+        if not self.checkpoint:
+            raise ModelConfigError("parameter 'checkpoint' is required (a checkpoint directory)")
+        if not 1 <= self.max_num_seqs <= 1024:
+            raise ModelConfigError(f"parameter 'max_num_seqs' must be in [1, 1024], got {self.max_num_seqs}")
+        if not 32 <= self.max_model_len <= 32768:
+            raise ModelConfigError(f"parameter 'max_model_len' must be in [32, 32768], got {self.max_model_len}")
+        if self.kv_cache_memory_bytes < 0:
+            raise ModelConfigError("parameter 'kv_cache_memory_bytes' must be >= 0")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ModelConfigError("parameter 'gpu_memory_utilization' must be in (0, 1]")
+
+    @classmethod
+    def from_parameters(cls, params):
+        return _from_parameters(cls, params)
+
+
+@dataclass(frozen=True)
+class CodecModelConfig:
+    checkpoint: str
+    runtime: str = "torch"  # torch | onnxruntime
+    onnx_path: str = ""
+    device: str = "cuda"
+    dtype: str = "float32"
+    cuda_graphs: bool = True
+    frame_buckets: tuple = ()
+    max_frames: int = 512
+
+    def __post_init__(self):
+        _choice("runtime", self.runtime, ("torch", "onnxruntime"))
+        _choice("device", self.device, ("cuda", "cpu"))
+        _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        if self.runtime == "onnxruntime" and not self.onnx_path:
+            raise ModelConfigError("parameter 'onnx_path' is required with runtime onnxruntime")
+        if list(self.frame_buckets) != sorted(set(self.frame_buckets)) or any(b < 1 for b in self.frame_buckets):
+            raise ModelConfigError(f"parameter 'frame_buckets' must be increasing positive ints, got {self.frame_buckets}")
+        if not 1 <= self.max_frames <= 8192:
+            raise ModelConfigError("parameter 'max_frames' must be in [1, 8192]")
+
+    @classmethod
+    def from_parameters(cls, params):
+        return _from_parameters(cls, params)
+
+
+@dataclass(frozen=True)
+class TtsModelConfig:
+    checkpoint: str
+    talker_model: str = "talker"
+    codec_model: str = "codec_decoder"
+    default_task_type: str = ""  # empty: the checkpoint's own task type
+    default_speaker: str = ""
+    default_language: str = "auto"
+    default_sample_format: str = "float32"
+    default_stream: bool = True
+    default_temperature: float = 0.9
+    default_top_k: int = 50
+    default_max_frames: int = 2048
+    max_frames_limit: int = 4096
+    max_text_chars: int = 2000
+    ref_min_seconds: float = 1.0
+    ref_max_seconds: float = 30.0
+    first_chunk_frames: int = 2
+    chunk_ramp: tuple = (4, 8, 16)
+    chunk_frames: int = 25
+    left_context_frames: int = 72
+    codec_frame_buckets: tuple = ()
+    max_in_flight: int = 64
+    max_queued: int = 64
+
+    def __post_init__(self):
+        if not self.checkpoint:
+            raise ModelConfigError("parameter 'checkpoint' is required (a checkpoint directory)")
+        if self.default_task_type:
+            _choice("default_task_type", self.default_task_type, TASK_TYPES)
+        _choice("default_sample_format", self.default_sample_format, SAMPLE_FORMATS)
+        AdmissionConfig(self.max_in_flight, self.max_queued)
+
+    @classmethod
+    def from_parameters(cls, params):
+        return _from_parameters(cls, params)
+
+    def limits(self, checkpoint_task_type: str) -> TtsLimits:
+        return TtsLimits(
+            default_task_type=self.default_task_type or checkpoint_task_type,
+            default_speaker=self.default_speaker.lower() or None,
+            default_language=self.default_language.lower(),
+            default_sample_format=self.default_sample_format,
+            default_stream=self.default_stream,
+            default_temperature=self.default_temperature,
+            default_top_k=self.default_top_k,
+            default_max_frames=self.default_max_frames,
+            max_frames_limit=self.max_frames_limit,
+            max_text_chars=self.max_text_chars,
+            ref_min_seconds=self.ref_min_seconds,
+            ref_max_seconds=self.ref_max_seconds,
+        )
+
+    def admission(self) -> AdmissionConfig:
+        return AdmissionConfig(self.max_in_flight, self.max_queued)

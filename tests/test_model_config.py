@@ -1,0 +1,47 @@
+import json
+
+import pytest
+
+from qwen3_tts_triton.serving.model_config import (
+    CodecModelConfig, ModelConfigError, TalkerModelConfig, TtsModelConfig, parameters_from_model_config)
+
+
+def pbjson(**params):
+    return json.dumps({"name": "m", "parameters": {k: {"string_value": v} for k, v in params.items()}})
+
+
+def test_parse_talker():
+    p = parameters_from_model_config(pbjson(checkpoint="/ckpt", max_num_seqs="8", enforce_eager="true",
+                                            kv_cache_memory_bytes="67108864", gpu_memory_utilization="0.3"))
+    c = TalkerModelConfig.from_parameters(p)
+    assert (c.checkpoint, c.max_num_seqs, c.enforce_eager, c.kv_cache_memory_bytes, c.gpu_memory_utilization) == \
+        ("/ckpt", 8, True, 67108864, 0.3)
+    assert c.engine == "vllm"
+
+
+@pytest.mark.parametrize("params,msg", [
+    (dict(), "'checkpoint' is required"),
+    (dict(checkpoint="/c", engine="tgi"), "'engine' must be one of vllm, native"),
+    (dict(checkpoint="/c", max_num_seqs="many"), "max_num_seqs"),
+    (dict(checkpoint="/c", max_num_seqs="0"), r"\[1, 1024\]"),
+    (dict(checkpoint="/c", enforce_eager="maybe"), "true or false"),
+    (dict(checkpoint="/c", bogus="1"), "unknown parameter"),
+])
+def test_talker_errors(params, msg):
+    with pytest.raises(ModelConfigError, match=msg):
+        TalkerModelConfig.from_parameters(params)
+
+
+def test_codec_and_tts():
+    c = CodecModelConfig.from_parameters({"checkpoint": "/c", "frame_buckets": "8, 16,32", "device": "cpu"})
+    assert c.frame_buckets == (8, 16, 32)
+    with pytest.raises(ModelConfigError, match="increasing"):
+        CodecModelConfig.from_parameters({"checkpoint": "/c", "frame_buckets": "16,8"})
+    t = TtsModelConfig.from_parameters({"checkpoint": "/c", "chunk_ramp": "2,4", "max_in_flight": "3"})
+    assert t.chunk_ramp == (2, 4) and t.admission().max_in_flight == 3
+    lim = t.limits("CustomVoice")
+    assert lim.default_task_type == "CustomVoice"
+    with pytest.raises(ModelConfigError, match="default_sample_format"):
+        TtsModelConfig.from_parameters({"checkpoint": "/c", "default_sample_format": "mp3"})
+    with pytest.raises(ModelConfigError, match="max_in_flight"):
+        TtsModelConfig.from_parameters({"checkpoint": "/c", "max_in_flight": "0"})
