@@ -1,0 +1,137 @@
+"""Write a ready Triton model repository from the templates in ``model_repository/``.
+
+``scripts/build_model_repository.py`` is the command-line front end. The templates hold
+``${name}`` placeholders; every placeholder must be filled (an unfilled one fails the build with
+its name), and the result is validated by parsing it back (``parameters`` round-trip through the
+same typed configs the models use at load time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import string
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Optional
+
+from ..config import Qwen3TTSConfig
+
+TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                         "model_repository")
+
+
+class RepositoryError(ValueError):
+    pass
+
+
+@dataclass
+class RepositorySettings:
+    checkpoint: str
+    codec_backend: str = "tensorrt"  # tensorrt | python
+    device: str = "gpu"  # gpu | cpu
+    engine: str = "vllm"  # vllm | native
+    plan: str = ""  # TensorRT plan to copy in (codec_backend tensorrt)
+    # talker engine
+    talker_dtype: str = ""  # default: bfloat16 on gpu, float32 on cpu
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+    kv_cache_memory_bytes: int = 0
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = False
+    # codec
+    codec_runtime: str = "torch"  # torch | onnxruntime (python backend only)
+    codec_onnx_path: str = ""
+    codec_dtype: str = "float32"
+    codec_cuda_graphs: bool = True
+    codec_max_batch_size: int = 64
+    codec_queue_delay_us: int = 1000
+    codec_instances: int = 1
+    codec_frame_buckets: str = ""
+    codec_max_frames: int = 512
+    # tts
+    default_speaker: str = ""
+    default_max_frames: int = 2048
+    max_frames_limit: int = 4096
+    first_chunk_frames: int = 2
+    chunk_ramp: str = "4,8,16"
+    chunk_frames: int = 25
+    left_context_frames: int = 72
+    max_in_flight: int = 64
+    max_queued: int = 64
+
+    def validate(self) -> None:
+        for name, allowed in (("codec_backend", ("tensorrt", "python")), ("device", ("gpu", "cpu")),
+                              ("engine", ("vllm", "native")), ("codec_runtime", ("torch", "onnxruntime"))):
+            if getattr(self, name) not in allowed:
+                raise RepositoryError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.codec_backend == "tensorrt" and self.device == "cpu":
+            raise RepositoryError("codec_backend tensorrt needs device gpu (use --codec-backend python on CPU)")
+        if self.codec_backend == "tensorrt" and self.plan and not os.path.exists(self.plan):
+            raise RepositoryError(f"TensorRT plan {self.plan} does not exist (build it with export/build_trt_engine.py)")
+        if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
+            raise RepositoryError(f"{self.checkpoint} is not a checkpoint directory (no config.json)")
+
+
+def _substitute(text: str, values: Dict[str, str], where: str) -> str:
+    try:
+        out = string.Template(text).substitute(values)
+    except KeyError as e:
+        raise RepositoryError(f"{where}: placeholder ${{{e.args[0]}}} has no value") from None
+    left = re.findall(r"\$\{(\w+)\}", out)
+    if left:
+        raise RepositoryError(f"{where}: unfilled placeholder(s) {left}")
+    return out
+
+
+def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPLATES) -> str:
+    """Write the repository to ``out_dir`` (replaced if it exists); return its path."""
+    s.validate()
+    ckpt = os.path.abspath(s.checkpoint)
+    cfg = Qwen3TTSConfig.from_file(os.path.join(ckpt, "config.json"))
+    default_speaker = s.default_speaker or (cfg.speakers[0] if cfg.speakers else "")
+    if default_speaker and default_speaker not in cfg.speakers:
+        raise RepositoryError(f"default_speaker {default_speaker!r} is not a speaker of this checkpoint; "
+                              f"speakers: {', '.join(cfg.speakers) or '(none)'}")
+    cpu = s.device == "cpu"
+    frame_buckets = s.codec_frame_buckets
+    if not frame_buckets and s.codec_backend == "tensorrt":
+        first = s.first_chunk_frames
+        frame_buckets = ",".join(str(x) for x in sorted({first, 8, 16, 32, 64, s.chunk_frames + s.left_context_frames}))
+    values = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in asdict(s).items()}
+    values.update(
+        checkpoint=ckpt,
+        device="cpu" if cpu else "cuda",
+        talker_dtype=s.talker_dtype or ("float32" if cpu else "bfloat16"),
+        codec_instance_kind="KIND_CPU" if cpu else "KIND_GPU",
+        codec_cuda_graphs=str(s.codec_cuda_graphs and not cpu).lower(),
+        codec_frame_buckets=frame_buckets,
+        codec_preferred_batch_sizes=", ".join(str(b) for b in (8, 16, 32, 64) if b <= s.codec_max_batch_size)
+        or str(s.codec_max_batch_size),
+        default_speaker=default_speaker,
+    )
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    models = {"talker": "talker", "tts": "tts",
+              "codec_decoder": "codec_decoder" if s.codec_backend == "tensorrt" else "codec_decoder_python"}
+    for name, src in models.items():
+        src_dir = os.path.join(templates, src)
+        dst_dir = os.path.join(out_dir, name, "1")
+        os.makedirs(dst_dir)
+        with open(os.path.join(src_dir, "config.pbtxt.in"), encoding="utf-8") as f:
+            text = _substitute(f.read(), values, f"{src}/config.pbtxt.in")
+        with open(os.path.join(out_dir, name, "config.pbtxt"), "w", encoding="utf-8") as f:
+            f.write(text)
+        model_py = os.path.join(src_dir, "1", "model.py")
+        if os.path.exists(model_py):
+            shutil.copy2(model_py, os.path.join(dst_dir, "model.py"))
+    if s.codec_backend == "tensorrt":
+        plan = s.plan or os.path.join(templates, "codec_decoder", "1", "model.plan")
+        if not os.path.exists(plan):
+            raise RepositoryError(f"no TensorRT plan at {plan}: build it with export/build_trt_engine.py "
+                                  "or pass --plan (or use --codec-backend python)")
+        shutil.copy2(plan, os.path.join(out_dir, "codec_decoder", "1", "model.plan"))
+    with open(os.path.join(out_dir, "build.json"), "w") as f:
+        json.dump({"settings": asdict(s), "checkpoint_task_type": cfg.task_type}, f, indent=2)
+    return out_dir
