@@ -1,0 +1,151 @@
+"""`tts`: decoupled Python BLS model. Thin adapter around qwen3_tts_triton.serving.tts_service.
+
+Triton specifics live here and only here: reading inputs, BLS calls to `talker` (decoupled) and
+`codec_decoder` (async, so concurrent streams batch there), response senders, custom metrics.
+"""
+
+import locale
+
+locale.setlocale(locale.LC_CTYPE, "C.UTF-8")  # the stub starts with an ASCII locale (runbook C3)
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import threading  # noqa: E402
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from qwen3_tts_triton.config import Qwen3TTSConfig  # noqa: E402
+from qwen3_tts_triton.serving.model_config import TtsModelConfig, parameters_from_model_config  # noqa: E402
+from qwen3_tts_triton.serving.pipeline import trim_window  # noqa: E402
+from qwen3_tts_triton.serving.request import TTS_INPUTS, RequestError  # noqa: E402
+from qwen3_tts_triton.serving.tts_service import SAMPLE_RATE, Metrics, TtsService  # noqa: E402
+from qwen3_tts_triton.serving.codec_batch import bucket  # noqa: E402
+from qwen3_tts_triton.serving.errors import error_code_name  # noqa: E402
+
+
+def tensors_from_dict(d):
+    return [pb_utils.Tensor(name, value) for name, value in d.items()]
+
+
+class _TalkerBLS:
+    """Streams the talker's frames through a decoupled BLS call."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+
+    async def stream(self, request_id, inputs):
+        req = pb_utils.InferenceRequest(model_name=self.model_name, request_id=request_id,
+                                        inputs=tensors_from_dict(inputs), requested_output_names=["codes"])
+        it = await req.async_exec(decoupled=True)
+        loop = asyncio.get_running_loop()
+        while True:
+            # The BLS response iterator blocks; advance it off the event loop (runbook C4).
+            resp = await loop.run_in_executor(None, next, it, None)
+            if resp is None:
+                return
+            if resp.has_error():
+                err = resp.error()
+                if err.code() == pb_utils.TritonError.INVALID_ARG:
+                    raise RequestError("text", err.message())
+                raise RuntimeError(f"talker: {err.message()}")
+            out = pb_utils.get_output_tensor_by_name(resp, "codes")
+            if out is not None:
+                codes = out.as_numpy()
+                if codes.size:
+                    yield codes.reshape(-1, 16)
+
+    async def abort(self, request_id):
+        # Triton 2.51's BLS response iterator has no cancel(); the talker takes an explicit abort.
+        req = pb_utils.InferenceRequest(
+            model_name=self.model_name,
+            inputs=[pb_utils.Tensor("abort_request_id", np.array([request_id.encode()], dtype=object))],
+            requested_output_names=["codes"])
+        it = await req.async_exec(decoupled=True)
+        loop = asyncio.get_running_loop()
+        while await loop.run_in_executor(None, next, it, None) is not None:
+            pass
+
+
+class _CodecBLS:
+    def __init__(self, model_name: str, frame_buckets):
+        self.model_name = model_name
+        self.frame_buckets = tuple(frame_buckets)
+
+    async def decode(self, codes, left_context):
+        n_new = codes.shape[0] - left_context
+        t = bucket(codes.shape[0], self.frame_buckets)  # equal shapes batch in a TensorRT codec
+        window = np.zeros((1, t, 16), np.int64)
+        window[0, :codes.shape[0]] = codes
+        req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=["audio_values"],
+                                        inputs=[pb_utils.Tensor("audio_codes", window)])
+        resp = await req.async_exec()
+        if resp.has_error():
+            raise RuntimeError(f"codec_decoder: {resp.error().message()}")
+        audio = pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0]
+        return trim_window(audio, left_context, num_frames=n_new)
+
+
+class _Sender:
+    def __init__(self, request):
+        self.sender = request.get_response_sender()
+        self.sr = np.array([SAMPLE_RATE], np.int32)
+
+    def audio(self, samples, final):
+        resp = pb_utils.InferenceResponse([pb_utils.Tensor("audio", samples), pb_utils.Tensor("sample_rate", self.sr)])
+        self.sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+    def error(self, err):
+        code = getattr(pb_utils.TritonError, error_code_name(err))
+        self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), code)),
+                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        model_config = json.loads(args["model_config"])
+        self.cfg = TtsModelConfig.from_parameters(parameters_from_model_config(model_config))
+        ckpt = Qwen3TTSConfig.from_file(os.path.join(self.cfg.checkpoint, "config.json"))
+        self._init_metrics()
+        try:
+            from qwen3_tts_triton.prompt import check_tts_request as prompt_check
+        except ImportError:  # pragma: no cover - prompt builder without the helper
+            prompt_check = None
+        self.service = TtsService(self.cfg, ckpt, _TalkerBLS(self.cfg.talker_model),
+                                  _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets),
+                                  self.metrics, prompt_check)
+        # The service runs on its own event loop thread, so execute() returns at once (decoupled).
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
+        self.thread.start()
+
+    def _init_metrics(self):
+        M = pb_utils.MetricFamily
+        ttfa = M(name="qwen3_tts_time_to_first_audio_seconds",
+                 description="Time from request arrival to the first audio chunk", kind=M.HISTOGRAM)
+        h = ttfa.Metric(labels={"model": "tts"}, buckets=[0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
+        frames = M(name="qwen3_tts_frames_total", description="Codec frames decoded", kind=M.COUNTER).Metric(labels={"model": "tts"})
+        secs = M(name="qwen3_tts_audio_seconds_total", description="Audio seconds produced", kind=M.COUNTER).Metric(labels={"model": "tts"})
+        infl = M(name="qwen3_tts_requests_in_flight", description="Requests being served", kind=M.GAUGE).Metric(labels={"model": "tts"})
+        refused = M(name="qwen3_tts_requests_refused_total", description="Requests refused at the admission limit", kind=M.COUNTER).Metric(labels={"model": "tts"})
+        aborted = M(name="qwen3_tts_requests_cancelled_total", description="Requests cancelled by the client", kind=M.COUNTER).Metric(labels={"model": "tts"})
+        self._metric_families = (ttfa, frames, secs, infl, refused, aborted)
+        self.metrics = Metrics(first_audio=h.observe, frames=frames.increment, audio_seconds=secs.increment,
+                               in_flight=infl.set, refused=lambda: refused.increment(1),
+                               aborted=lambda: aborted.increment(1))
+
+    def execute(self, requests):
+        for request in requests:
+            inputs = {}
+            for name in TTS_INPUTS:
+                t = pb_utils.get_input_tensor_by_name(request, name)
+                if t is not None:
+                    inputs[name] = t.as_numpy()
+            asyncio.run_coroutine_threadsafe(
+                self.service.handle(inputs, _Sender(request), request.is_cancelled), self.loop)
+        return None
+
+    def finalize(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)

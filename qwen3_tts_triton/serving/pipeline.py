@@ -1,0 +1,108 @@
+"""The `tts` streaming pipeline: talker frames -> codec chunks -> audio (pure asyncio, no Triton).
+
+The Triton adapter (``model_repository/tts/1/model.py``) supplies three callables:
+
+* ``frames``: an async iterator of int arrays ``[n, 16]`` from the talker (n >= 1 per item);
+* ``decode(codes [T, 16], left_context) -> float32 samples [(T - left_context) * 1920]``: one codec
+  call (a BLS request to ``codec_decoder``; concurrent streams' calls batch there);
+* ``cancelled() -> bool``: whether the client has gone.
+
+The pipeline owns the order of work: it feeds arriving frames to the chunk schedule, decodes each
+chunk with its left context, trims the context samples and yields audio in order. Cancellation is
+checked between chunks. The talker engine keeps generating while a chunk decodes (its frames
+buffer in ``frames``), so generation and decoding overlap across the two models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import AsyncIterator, Awaitable, Callable, List, Optional, Protocol
+
+import numpy as np
+
+SAMPLES_PER_FRAME = 1920
+
+
+class Cancelled(Exception):
+    """The client cancelled the request; the caller aborts the talker and sends nothing more."""
+
+
+class _Chunk(Protocol):
+    start: int
+    end: int
+    context_start: int
+    final: bool
+
+
+class _Scheduler(Protocol):
+    def push(self, n_new: int) -> List[_Chunk]: ...
+    def flush(self) -> List[_Chunk]: ...
+
+
+@dataclass
+class AudioChunk:
+    samples: np.ndarray  # float32 [n]
+    first_frame: int
+    num_frames: int
+    final: bool
+
+
+async def stream_audio(
+    frames: AsyncIterator[np.ndarray],
+    decode: Callable[[np.ndarray, int], Awaitable[np.ndarray]],
+    scheduler: _Scheduler,
+    cancelled: Callable[[], bool] = lambda: False,
+    samples_per_frame: int = SAMPLES_PER_FRAME,
+) -> AsyncIterator[AudioChunk]:
+    """Yield trimmed audio chunks in order; the last one has ``final=True`` (possibly empty)."""
+    codes: List[np.ndarray] = []
+    total = 0
+    sent_final = False
+
+    async def run(chunk) -> AudioChunk:
+        window = np.concatenate(codes, axis=0)[chunk.context_start:chunk.end]
+        left = chunk.start - chunk.context_start
+        audio = await decode(window, left)
+        expected = (chunk.end - chunk.start) * samples_per_frame
+        if audio.shape != (expected,):
+            raise RuntimeError(f"codec returned {audio.shape} samples for frames "
+                               f"[{chunk.start}, {chunk.end}); expected ({expected},)")
+        return AudioChunk(audio, chunk.start, chunk.end - chunk.start, chunk.final)
+
+    async for item in frames:
+        if cancelled():
+            raise Cancelled()
+        item = np.asarray(item)
+        if item.ndim != 2 or item.shape[1] != 16 or item.shape[0] == 0:
+            raise RuntimeError(f"talker sent frames of shape {item.shape}; expected [n>=1, 16]")
+        codes.append(item)
+        total += item.shape[0]
+        for chunk in scheduler.push(item.shape[0]):
+            out = await run(chunk)
+            sent_final = sent_final or out.final
+            yield out
+            if cancelled():
+                raise Cancelled()
+    for chunk in scheduler.flush():
+        out = await run(chunk)
+        sent_final = sent_final or out.final
+        yield out
+    if not sent_final:
+        yield AudioChunk(np.zeros(0, np.float32), total, 0, True)
+
+
+def to_sample_format(samples: np.ndarray, sample_format: str) -> np.ndarray:
+    """float32 [-1, 1] -> the requested wire format."""
+    if sample_format == "float32":
+        return samples.astype(np.float32, copy=False)
+    if sample_format == "int16":
+        return np.clip(np.round(samples * 32767.0), -32768, 32767).astype(np.int16)
+    raise ValueError(f"sample_format must be float32 or int16, got {sample_format!r}")
+
+
+def trim_window(audio: np.ndarray, left_context: int, samples_per_frame: int = SAMPLES_PER_FRAME,
+                num_frames: Optional[int] = None) -> np.ndarray:
+    """Drop the left-context samples (and right padding beyond ``num_frames`` new frames)."""
+    start = left_context * samples_per_frame
+    end = None if num_frames is None else start + num_frames * samples_per_frame
+    return audio[start:end]

@@ -1,0 +1,173 @@
+"""The `tts` model's logic, independent of Triton: validate, admit, stream talker -> codec -> audio.
+
+The Triton adapter supplies a :class:`TalkerClient` and a :class:`CodecClient` (BLS calls) and a
+``send`` callable; tests can supply in-process fakes. Contract per request: exactly one final
+response (audio or error), the talker request is aborted on cancel or error, and the admission
+slot is always released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Dict, Mapping, Optional, Protocol
+
+import numpy as np
+
+from ..config import Qwen3TTSConfig
+from ..streaming import ChunkScheduler, ScheduleConfig
+from .admission import Admission, Overloaded
+from .model_config import TtsModelConfig
+from .pipeline import Cancelled, stream_audio, to_sample_format
+from .request import RequestError, TtsRequest, parse_tts_request
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 24000
+
+
+class TalkerClient(Protocol):
+    def stream(self, request_id: str, inputs: Dict[str, np.ndarray]) -> AsyncIterator[np.ndarray]: ...
+    async def abort(self, request_id: str) -> None: ...
+
+
+class CodecClient(Protocol):
+    async def decode(self, codes: np.ndarray, left_context: int) -> np.ndarray: ...
+
+
+class Sender(Protocol):
+    def audio(self, samples: np.ndarray, final: bool) -> None: ...
+    def error(self, err: Exception) -> None: ...  # always final
+
+
+@dataclass
+class Metrics:
+    """Hooks for the adapter's Triton custom metrics (no-ops by default)."""
+
+    first_audio: Callable[[float], None] = lambda seconds: None
+    frames: Callable[[int], None] = lambda n: None
+    audio_seconds: Callable[[float], None] = lambda s: None
+    in_flight: Callable[[int], None] = lambda n: None
+    refused: Callable[[], None] = lambda: None
+    aborted: Callable[[], None] = lambda: None
+
+
+def talker_inputs(req: TtsRequest, speaker_embedding: Optional[np.ndarray] = None,
+                  ref_codes: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
+    """The talker model's inputs for a validated request."""
+    def s(v):
+        return np.array([v.encode("utf-8")], dtype=object)
+
+    d = {
+        "text": s(req.text), "task_type": s(req.task_type), "language": s(req.language),
+        "temperature": np.array([req.temperature], np.float32),
+        "top_k": np.array([req.top_k], np.int32), "max_frames": np.array([req.max_frames], np.int32),
+        "ignore_eos": np.array([req.ignore_eos], np.bool_),
+    }
+    if req.speaker:
+        d["speaker"] = s(req.speaker)
+    if req.instruct:
+        d["instruct"] = s(req.instruct)
+    if req.seed is not None:
+        d["seed"] = np.array([req.seed], np.int64)
+    if req.ref_text and not req.x_vector_only:
+        d["ref_text"] = s(req.ref_text)
+    if ref_codes is not None:
+        d["ref_codes"] = np.ascontiguousarray(ref_codes, dtype=np.int32)
+    if speaker_embedding is not None:
+        d["speaker_embedding"] = np.ascontiguousarray(speaker_embedding, dtype=np.float32)
+    return d
+
+
+class TtsService:
+    def __init__(self, cfg: TtsModelConfig, model_config: Qwen3TTSConfig,
+                 talker: TalkerClient, codec: CodecClient, metrics: Optional[Metrics] = None,
+                 prompt_check: Optional[Callable[[Qwen3TTSConfig, TtsRequest], None]] = None):
+        self.cfg = cfg
+        self.model_config = model_config
+        self.limits = cfg.limits(model_config.task_type)
+        self.schedule = ScheduleConfig(first_chunk_frames=cfg.first_chunk_frames, ramp=tuple(cfg.chunk_ramp),
+                                       chunk_frames=cfg.chunk_frames, left_context_frames=cfg.left_context_frames)
+        self.admission = Admission(cfg.admission())
+        self.talker = talker
+        self.codec = codec
+        self.metrics = metrics or Metrics()
+        self.prompt_check = prompt_check
+
+    def parse(self, inputs: Mapping[str, Any]) -> TtsRequest:
+        req = parse_tts_request(inputs, self.limits)
+        if req.task_type != self.model_config.task_type:
+            raise RequestError("task_type", f"{req.task_type!r} is not served by this checkpoint; it serves "
+                               f"{self.model_config.task_type!r}")
+        if self.prompt_check is not None:
+            self.prompt_check(self.model_config, req)
+        return req
+
+    async def handle(self, inputs: Mapping[str, Any], send: Sender,
+                     cancelled: Callable[[], bool] = lambda: False) -> None:
+        """Serve one request end to end. Never raises; always sends exactly one final response."""
+        t0 = time.monotonic()
+        try:
+            req = self.parse(inputs)
+        except RequestError as e:
+            send.error(e)
+            return
+        try:
+            await self.admission.acquire()
+        except Overloaded as e:
+            self.metrics.refused()
+            send.error(e)
+            return
+        self.metrics.in_flight(self.admission.in_flight)
+        rid = f"tts-{uuid.uuid4().hex[:16]}"
+        finished = False
+        try:
+            frames = self.talker.stream(rid, talker_inputs(req))
+            scheduler = ChunkScheduler(self.schedule)
+            collected = []
+            first = True
+            n_frames = 0
+            async for chunk in stream_audio(frames, self.codec.decode, scheduler, cancelled):
+                n_frames += chunk.num_frames
+                if chunk.samples.size and first:
+                    first = False
+                    self.metrics.first_audio(time.monotonic() - t0)
+                if req.stream:
+                    if chunk.samples.size or chunk.final:
+                        send.audio(to_sample_format(chunk.samples, req.sample_format), chunk.final)
+                else:
+                    collected.append(chunk.samples)
+                    if chunk.final:
+                        send.audio(to_sample_format(np.concatenate(collected), req.sample_format), True)
+                finished = finished or chunk.final
+            self.metrics.frames(n_frames)
+            self.metrics.audio_seconds(n_frames * 1920 / SAMPLE_RATE)
+        except Cancelled:
+            self.metrics.aborted()
+            await self._abort(rid)
+            if not finished:
+                send.error(Cancelled("request cancelled by the client"))
+            finished = True
+        except RequestError as e:  # the talker refused the request (e.g. prompt too long)
+            await self._abort(rid)
+            if not finished:
+                send.error(e)
+            finished = True
+        except Exception as e:  # noqa: BLE001 - any failure ends this request only
+            log.exception("tts request %s failed", rid)
+            await self._abort(rid)
+            if not finished:
+                send.error(e)
+            finished = True
+        finally:
+            self.admission.release()
+            self.metrics.in_flight(self.admission.in_flight)
+
+    async def _abort(self, rid: str) -> None:
+        try:
+            await self.talker.abort(rid)
+        except Exception:  # noqa: BLE001
+            log.exception("abort of talker request %s failed", rid)
