@@ -143,6 +143,10 @@ class TritonServer:
         return f"127.0.0.1:{self.grpc_port}"
 
     def start(self) -> "TritonServer":
+        # A stale server on our ports would answer the readiness probe in our place.
+        for port in (self.http_port, self.grpc_port, self.metrics_port):
+            if _port_in_use(port):
+                raise LaunchError(f"port {port} is already in use (another tritonserver still running?)")
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             self.command.argv, env=self.command.env, stdout=self._log, stderr=subprocess.STDOUT,
@@ -201,6 +205,18 @@ class TritonServer:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _port_in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -97,9 +97,18 @@ class _Sender:
         self.sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
     def error(self, err):
-        code = getattr(pb_utils.TritonError, error_code_name(err))
-        self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(err), code)),
+        name = error_code_name(err)
+        # gRPC/HTTP streaming carry only the message, so it starts with the code name too.
+        msg = f"[{name}] {err}"
+        self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, getattr(pb_utils.TritonError, name))),
                          flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+def _log_failure(fut):
+    # handle() never raises by contract; if it ever does, the log must say so.
+    exc = fut.exception()
+    if exc is not None:
+        pb_utils.Logger.log_error(f"tts: request handler failed: {exc!r}")
 
 
 class TritonPythonModel:
@@ -121,19 +130,28 @@ class TritonPythonModel:
         self.thread.start()
 
     def _init_metrics(self):
+        # Families must outlive their metrics (the stub refuses updates otherwise): keep both.
         M = pb_utils.MetricFamily
-        ttfa = M(name="qwen3_tts_time_to_first_audio_seconds",
-                 description="Time from request arrival to the first audio chunk", kind=M.HISTOGRAM)
-        h = ttfa.Metric(labels={"model": "tts"}, buckets=[0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
-        frames = M(name="qwen3_tts_frames_total", description="Codec frames decoded", kind=M.COUNTER).Metric(labels={"model": "tts"})
-        secs = M(name="qwen3_tts_audio_seconds_total", description="Audio seconds produced", kind=M.COUNTER).Metric(labels={"model": "tts"})
-        infl = M(name="qwen3_tts_requests_in_flight", description="Requests being served", kind=M.GAUGE).Metric(labels={"model": "tts"})
-        refused = M(name="qwen3_tts_requests_refused_total", description="Requests refused at the admission limit", kind=M.COUNTER).Metric(labels={"model": "tts"})
-        aborted = M(name="qwen3_tts_requests_cancelled_total", description="Requests cancelled by the client", kind=M.COUNTER).Metric(labels={"model": "tts"})
-        self._metric_families = (ttfa, frames, secs, infl, refused, aborted)
-        self.metrics = Metrics(first_audio=h.observe, frames=frames.increment, audio_seconds=secs.increment,
-                               in_flight=infl.set, refused=lambda: refused.increment(1),
-                               aborted=lambda: aborted.increment(1))
+        labels = {"model": "tts"}
+        self._families = {
+            "ttfa": M(name="qwen3_tts_time_to_first_audio_seconds",
+                      description="Time from request arrival to the first audio chunk", kind=M.HISTOGRAM),
+            "frames": M(name="qwen3_tts_frames_total", description="Codec frames decoded", kind=M.COUNTER),
+            "secs": M(name="qwen3_tts_audio_seconds_total", description="Audio seconds produced", kind=M.COUNTER),
+            "infl": M(name="qwen3_tts_requests_in_flight", description="Requests being served", kind=M.GAUGE),
+            "refused": M(name="qwen3_tts_requests_refused_total",
+                         description="Requests refused at the admission limit", kind=M.COUNTER),
+            "cancelled": M(name="qwen3_tts_requests_cancelled_total",
+                           description="Requests cancelled by the client", kind=M.COUNTER),
+        }
+        f = self._families
+        self._metrics = {k: (f[k].Metric(labels=labels, buckets=[0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
+                             if k == "ttfa" else f[k].Metric(labels=labels)) for k in f}
+        m = self._metrics
+        self.metrics = Metrics(first_audio=m["ttfa"].observe, frames=m["frames"].increment,
+                               audio_seconds=m["secs"].increment, in_flight=m["infl"].set,
+                               refused=lambda: m["refused"].increment(1),
+                               aborted=lambda: m["cancelled"].increment(1))
 
     def execute(self, requests):
         for request in requests:
@@ -142,10 +160,13 @@ class TritonPythonModel:
                 t = pb_utils.get_input_tensor_by_name(request, name)
                 if t is not None:
                     inputs[name] = t.as_numpy()
-            asyncio.run_coroutine_threadsafe(
+            fut = asyncio.run_coroutine_threadsafe(
                 self.service.handle(inputs, _Sender(request), request.is_cancelled), self.loop)
+            fut.add_done_callback(_log_failure)
         return None
 
     def finalize(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        self._metrics.clear()  # metrics before their families
+        self._families.clear()
