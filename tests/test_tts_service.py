@@ -149,3 +149,16 @@ def test_wrong_task_type_for_checkpoint():
     asyncio.run(service(FakeTalker(FRAMES)).handle({"text": b("a"), "task_type": b("VoiceDesign"),
                                                     "instruct": b("calm")}, send))
     assert "not served by this checkpoint" in str(send.items[0][1])
+
+
+@pytest.mark.parametrize("inputs,field", [
+    ({"speaker": b("nobody")}, "speaker"),
+    ({"language": b("klingon")}, "language"),
+    ({"language": b("sichuan_dialect")}, "language"),
+])
+def test_checkpoint_specific_errors_before_any_work(inputs, field):
+    talker, send = FakeTalker(FRAMES), Sender()
+    asyncio.run(service(talker).handle({"text": b("hi"), **inputs}, send))
+    assert send.finals == 1 and error_code_name(send.items[0][1]) == "INVALID_ARG"
+    assert str(send.items[0][1]).startswith(field) and "allowed" in str(send.items[0][1])
+    assert talker.started == []

@@ -55,6 +55,19 @@ class Metrics:
     aborted: Callable[[], None] = lambda: None
 
 
+def check_prompt(config: Qwen3TTSConfig, req: TtsRequest) -> None:
+    """Checkpoint-specific checks (speaker, language, task) before any work is scheduled.
+
+    The reference audio of a Base request is checked by the request parser; its codes and
+    x-vector do not exist yet, so the prompt builder checks the rest in x-vector mode.
+    """
+    from ..prompt import PromptRequest, validate_request
+
+    validate_request(config, PromptRequest(
+        task_type=req.task_type, text=req.text, language=req.language, speaker=req.speaker,
+        instruct=req.instruct, x_vector_only=req.task_type == "Base"))
+
+
 def talker_inputs(req: TtsRequest, speaker_embedding: Optional[np.ndarray] = None,
                   ref_codes: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
     """The talker model's inputs for a validated request."""
@@ -85,7 +98,7 @@ def talker_inputs(req: TtsRequest, speaker_embedding: Optional[np.ndarray] = Non
 class TtsService:
     def __init__(self, cfg: TtsModelConfig, model_config: Qwen3TTSConfig,
                  talker: TalkerClient, codec: CodecClient, metrics: Optional[Metrics] = None,
-                 prompt_check: Optional[Callable[[Qwen3TTSConfig, TtsRequest], None]] = None):
+                 prompt_check: Optional[Callable[[Qwen3TTSConfig, TtsRequest], None]] = check_prompt):
         self.cfg = cfg
         self.model_config = model_config
         self.limits = cfg.limits(model_config.task_type)
@@ -112,7 +125,7 @@ class TtsService:
         t0 = time.monotonic()
         try:
             req = self.parse(inputs)
-        except RequestError as e:
+        except ValueError as e:  # RequestError or the prompt builder's PromptError
             send.error(e)
             return
         try:

@@ -117,13 +117,9 @@ class TritonPythonModel:
         self.cfg = TtsModelConfig.from_parameters(parameters_from_model_config(model_config))
         ckpt = Qwen3TTSConfig.from_file(os.path.join(self.cfg.checkpoint, "config.json"))
         self._init_metrics()
-        try:
-            from qwen3_tts_triton.prompt import check_tts_request as prompt_check
-        except ImportError:  # pragma: no cover - prompt builder without the helper
-            prompt_check = None
         self.service = TtsService(self.cfg, ckpt, _TalkerBLS(self.cfg.talker_model),
                                   _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets),
-                                  self.metrics, prompt_check)
+                                  self.metrics)
         # The service runs on its own event loop thread, so execute() returns at once (decoupled).
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
