@@ -1,0 +1,113 @@
+"""`talker`: decoupled Python model hosting the talker engine. Thin adapter around
+qwen3_tts_triton.serving.talker_service.
+
+The engine runs on its own event loop thread (as in triton-inference-server/vllm_backend), so
+``execute`` returns at once and many requests stream concurrently. Two kinds of request:
+a synthesis request (``text`` ...) streams ``codes [n, 16]``; an abort request
+(``abort_request_id``) aborts a live synthesis (the tts BLS uses it on client cancel, because
+Triton 2.51's BLS iterator cannot be cancelled).
+"""
+
+import locale
+
+locale.setlocale(locale.LC_CTYPE, "C.UTF-8")  # the stub starts with an ASCII locale (runbook C3)
+
+import os  # noqa: E402
+
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner our plugin is tested on
+
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import threading  # noqa: E402
+import uuid  # noqa: E402
+
+import numpy as np  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from qwen3_tts_triton.serving.errors import error_code_name  # noqa: E402
+from qwen3_tts_triton.serving.model_config import TalkerModelConfig, parameters_from_model_config  # noqa: E402
+from qwen3_tts_triton.serving.talker_engines import make_engine, make_frontend  # noqa: E402
+from qwen3_tts_triton.serving.talker_service import TALKER_INPUTS, TalkerService  # noqa: E402
+
+_FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def _error(err):
+    name = error_code_name(err)
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"[{name}] {err}", getattr(pb_utils.TritonError, name)))
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.cfg = TalkerModelConfig.from_parameters(parameters_from_model_config(json.loads(args["model_config"])))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="talker-loop", daemon=True)
+        self.thread.start()
+        frontend = make_frontend(self.cfg)
+        engine = asyncio.run_coroutine_threadsafe(make_engine(self.cfg), self.loop).result()
+        self.service = TalkerService(frontend, engine)
+        if self.cfg.warmup:  # readiness means the engine has served a request
+            asyncio.run_coroutine_threadsafe(self._warmup(), self.loop).result()
+        self._init_metrics()
+
+    def _init_metrics(self):
+        M = pb_utils.MetricFamily
+        self._families = {"aborted": M(name="qwen3_tts_talker_aborted_total",
+                                       description="Talker engine requests aborted (cancel, error, abort request)",
+                                       kind=M.COUNTER)}
+        self._metric = self._families["aborted"].Metric(labels={"model": "talker"})
+        self._aborted_seen = 0
+
+    async def _warmup(self):
+        inputs = {"text": np.array([b"warm up"], dtype=object), "max_frames": np.array([2], np.int32),
+                  "temperature": np.array([0.0], np.float32)}
+        if self.service.frontend.config.task_type == "VoiceDesign":
+            inputs["instruct"] = np.array([b"a calm voice"], dtype=object)
+        if self.service.frontend.config.task_type == "Base":
+            d = self.service.frontend.config.talker.hidden_size
+            inputs["speaker_embedding"] = np.zeros(d, np.float32)
+        async for _ in self.service.stream(f"warmup-{uuid.uuid4().hex[:8]}", inputs):
+            pass
+
+    def execute(self, requests):
+        for request in requests:
+            asyncio.run_coroutine_threadsafe(self._serve(request), self.loop)
+        return None
+
+    async def _serve(self, request):
+        sender = request.get_response_sender()
+        try:
+            ab = pb_utils.get_input_tensor_by_name(request, "abort_request_id")
+            if ab is not None:
+                await self.service.abort(ab.as_numpy().reshape(-1)[0].decode("utf-8"))
+                sender.send(flags=_FINAL)
+                return
+            inputs = {}
+            for name in list(TALKER_INPUTS) + ["ref_codes", "speaker_embedding"]:
+                t = pb_utils.get_input_tensor_by_name(request, name)
+                if t is not None:
+                    inputs[name] = t.as_numpy()
+            rid = request.request_id() or uuid.uuid4().hex
+            async for frames in self.service.stream(rid, inputs):
+                if request.is_cancelled():
+                    break  # the generator's finally aborts the engine request
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("codes", frames.astype(np.int32))]))
+            sender.send(flags=_FINAL)
+        except asyncio.CancelledError:  # aborted through an abort request
+            sender.send(_error(RuntimeError("aborted")), flags=_FINAL)
+        except Exception as e:  # noqa: BLE001 - this request fails, the model stays up
+            sender.send(_error(e), flags=_FINAL)
+        finally:
+            n = self.service.stats.aborted
+            if n > self._aborted_seen:
+                self._metric.increment(n - self._aborted_seen)
+                self._aborted_seen = n
+
+    def finalize(self):
+        try:
+            self.service.engine.shutdown()
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+            self._metric = None
+            self._families.clear()
