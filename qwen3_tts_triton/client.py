@@ -103,11 +103,15 @@ class StreamingClient:
             q.put((result, None, time.perf_counter()))
 
     def send(self, inputs: Dict[str, np.ndarray], request_id: Optional[str] = None) -> str:
+        return self.send_raw({k: (v, _INPUT_TYPES[k]) for k, v in inputs.items()}, request_id)
+
+    def send_raw(self, inputs: Dict[str, tuple], request_id: Optional[str] = None) -> str:
+        """Send ``{name: (array, Triton datatype)}`` as given (no client-side checks)."""
         rid = request_id or uuid.uuid4().hex
         self.queues[rid] = queue.Queue()
         ins = []
-        for name, arr in inputs.items():
-            t = self._g.InferInput(name, list(arr.shape), _INPUT_TYPES[name])
+        for name, (arr, dtype) in inputs.items():
+            t = self._g.InferInput(name, list(arr.shape), dtype)
             t.set_data_from_numpy(arr)
             ins.append(t)
         self.client.async_stream_infer(self.model, ins, request_id=rid, enable_empty_final_response=True)

