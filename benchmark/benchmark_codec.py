@@ -174,6 +174,10 @@ def main(argv=None) -> int:
                     print(f"{mode:9s} {backend:13s} {b:3d} {t:4d}  out of memory")
                     torch.cuda.empty_cache()
                     continue
+                except Exception as e:  # noqa: BLE001 - report and go on with the other configs
+                    print(f"{mode:9s} {backend:13s} {b:3d} {t:4d}  failed: {type(e).__name__}: {e}")
+                    rows.append(dict(mode=mode, backend=backend, batch=b, frames=t, error=f"{type(e).__name__}: {e}"))
+                    continue
                 rate = b * a.chunk * SECONDS_PER_FRAME / (ms / 1000)
                 rows.append(dict(mode=mode, backend=backend, batch=b, frames=t, new_frames=a.chunk,
                                  ms_per_call=round(ms, 3), audio_seconds_per_second=round(rate, 1)))
