@@ -21,9 +21,9 @@ pip() { "$venv/bin/python" -m pip "$@" 2> >(grep -v "is ignored" >&2); }
 pip install -q torch==2.13.0
 pip install -q -r "$root/requirements/cpu-1-vllm.txt"
 pip uninstall -q -y torchvision torchaudio torchcodec || true
-pip install -q -r "$root/requirements/cpu-2-stub.txt"
-pip install -q -r "$root/requirements/cpu-3-serving.txt"
-pip install -q --no-deps -e "$root"
+pip install -q --no-warn-conflicts -r "$root/requirements/cpu-2-stub.txt"
+pip install -q --no-warn-conflicts -r "$root/requirements/cpu-3-serving.txt"
+pip install -q --no-warn-conflicts --no-deps -e "$root"
 "$venv/bin/python" - <<'PY'
 import numpy, torch, vllm, transformers, onnxruntime, tritonclient.grpc, qwen3_tts_triton
 assert numpy.__version__.startswith("1."), numpy.__version__
