@@ -8,4 +8,4 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${QWEN3_TTS_VENV:-$root/.venv}
 bash "$root/scripts/setup_env.sh" "$venv"
 cd "$root"
-exec "$venv/bin/python" -m pytest -p no:cacheprovider --timeout=900 "$@"
+exec "$venv/bin/python" -m pytest -p no:cacheprovider --timeout=900 --durations=15 "$@"
