@@ -382,7 +382,7 @@ def test_error_wrong_shape_in_speech_tokenizer(tiny_checkpoint, tmp_path):
     d = _variant(tiny_checkpoint, tmp_path / "v",
                  replace={"speech_tokenizer/model.safetensors": _edit_safetensors(src, edit)})
     bad_shape = ", ".join(str(s) for s in [shape[0] + 1] + shape[1:])
-    with pytest.raises(CheckpointError, match=rf"speech_tokenizer/model.safetensors: 1 problem.*"
+    with pytest.raises(CheckpointError, match=rf"(?s)speech_tokenizer/model.safetensors: 1 problem.*"
                                               rf"key '{key}': expected shape \[.*found \[{bad_shape}\]"):
         load_checkpoint(d, load_tokenizer=False)
 
