@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 # Two CPU cores are shared by everyone: cap intra-op threads before torch is first imported.
-MAX_THREADS = 2
+MAX_THREADS = 1
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, str(MAX_THREADS))
 
