@@ -1,0 +1,878 @@
+"""NativeEngine: the Qwen3-TTS talker + code predictor in plain PyTorch, continuous batching at
+frame granularity, one CUDA graph per (batch bucket, context bucket) (design:
+docs/design/native-engine.md).
+
+Same request type and async interface as the vLLM :class:`~qwen3_tts_triton.engine.TalkerEngine`::
+
+    engine = await NativeEngine.create(checkpoint_dir, NativeEngineConfig(device="cuda"))
+    async for frames in engine.synthesize(TalkerRequest(...)):   # np.int32 [n, 16]
+        ...
+    await engine.abort(request_id); engine.stats(); engine.shutdown()
+
+Layout (all on the device, allocated once):
+
+* talker KV cache ``k_cache``/``v_cache`` ``[layers, slots, kv_heads, max_model_len, head_dim]``;
+* code-predictor KV ``[cp_layers, slots, kv_heads, 16, head_dim]`` (rewritten every frame);
+* per-slot state tables ``[slots, ...]``: last hidden ``h``, last ``c0``, frame index, next
+  talker position, c0 count, c0 presence mask ``[slots, vocab]`` (repetition penalty), trailing
+  text rows ``[slots, max_trailing, D]`` + their count, sampling parameters, RNG key.
+
+Active requests always occupy slots ``0..n-1`` (a leaving request's slot is filled by moving the
+last active slot into it), so a decode step of bucket ``B >= n`` works on the plain prefix views
+``[:B]`` of every table: no gather, and padded rows ``n..B-1`` run on free slots, whose results
+are never read (the free slots act as the scratch rows). A step mutates the tables in place,
+so a captured graph needs no input copies: admission writes a slot's rows, replay reads them.
+
+Sampling is done on the device without torch RNG state: Gumbel-max over the top-``max_top_k``
+candidates with noise from a counter-based integer hash of (request key, draw index, candidate
+rank). Same seed -> same frames, independent of batch composition, bucket or graph replay.
+Greedy requests take the argmax after the same codebook-0 processing as the reference
+(repetition penalty, min_new_tokens, suppression) and reproduce ``generate_codes``.
+
+Imports neither vLLM nor Triton.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .engine import EngineError, TalkerRequest
+
+__all__ = ["NativeEngineConfig", "NativeEngine", "NativeModel", "EngineError", "TalkerRequest",
+           "gumbel_noise", "hash_seed"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_NEG_INF = float("-inf")
+_M32 = 0xFFFFFFFF
+CP_POSITIONS = 16  # code-predictor positions per frame: [h, C(c0)] + 14 residual rows (c15 never fed)
+
+
+def _pos_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+@dataclass(frozen=True)
+class NativeEngineConfig:
+    """Settings of the native engine; validated on construction (:class:`EngineError`).
+
+    * ``max_num_seqs``: slots (concurrent requests decoding at once); more wait in a queue.
+    * ``max_model_len``: talker positions per request (prompt + frames + 1).
+    * ``device``: ``"cuda"``, ``"cuda:N"`` or ``"cpu"``; ``dtype``: float32 | bfloat16 | float16.
+    * ``cuda_graphs``: capture one graph per (batch bucket, context bucket) at start (CUDA only;
+      ignored on CPU, which always runs eagerly).
+    * ``batch_buckets``: decode batch sizes; capped by ``max_num_seqs``, which is always added.
+    * ``ctx_buckets``: attention context lengths the talker step is specialised for (None: powers
+      of two from 256, capped by and always including ``max_model_len``).
+    * ``max_trailing_tokens``: trailing text rows a request may carry.
+    * ``max_top_k``: candidates kept for sampling; a request's ``top_k``/``sub_top_k`` must not
+      exceed it (set it to the vocabulary size to allow any top-k, at some cost).
+    * ``seed``: seeds the keys of requests that carry no seed (reproducible engine runs).
+    * ``fast_math``: None -> True on CUDA: fused SDPA attention and a stacked gather for the
+      residual-codebook embeddings; False keeps the reference's exact op order (CPU default).
+    """
+
+    max_num_seqs: int = 8
+    max_model_len: int = 2048
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    cuda_graphs: bool = True
+    seed: int = 0
+    batch_buckets: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    ctx_buckets: Optional[Tuple[int, ...]] = None
+    max_trailing_tokens: int = 512
+    max_top_k: int = 64
+    fast_math: Optional[bool] = None
+
+    def __post_init__(self):
+        def bad(f, msg):
+            raise EngineError(f"NativeEngineConfig.{f}: {msg}")
+
+        for f in ("max_num_seqs", "max_model_len", "max_trailing_tokens", "max_top_k"):
+            if not _pos_int(getattr(self, f)):
+                bad(f, f"must be a positive int, got {getattr(self, f)!r}")
+        if self.max_model_len < 3:
+            bad("max_model_len", "must be >= 3 (prompt + at least one frame)")
+        if not isinstance(self.device, str) or not (
+                self.device == "cpu" or self.device == "cuda" or
+                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            bad("device", f"{self.device!r}; allowed: 'cpu', 'cuda', 'cuda:N'")
+        if self.dtype not in _DTYPES:
+            bad("dtype", f"{self.dtype!r}; allowed: {', '.join(_DTYPES)}")
+        if not isinstance(self.cuda_graphs, bool):
+            bad("cuda_graphs", f"must be a bool, got {self.cuda_graphs!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            bad("seed", f"must be a non-negative int, got {self.seed!r}")
+        for f in ("batch_buckets", "ctx_buckets"):
+            v = getattr(self, f)
+            if v is None and f == "ctx_buckets":
+                continue
+            if not isinstance(v, (tuple, list)) or not v or not all(_pos_int(b) for b in v):
+                bad(f, f"must be a non-empty sequence of positive ints, got {v!r}")
+        if self.fast_math is not None and not isinstance(self.fast_math, bool):
+            bad("fast_math", f"must be a bool or None, got {self.fast_math!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def use_graphs(self) -> bool:
+        return self.cuda_graphs and self.device.startswith("cuda")
+
+    @property
+    def use_fast_math(self) -> bool:
+        return self.device.startswith("cuda") if self.fast_math is None else self.fast_math
+
+    def batch_sizes(self) -> Tuple[int, ...]:
+        """Effective decode buckets: configured ones <= max_num_seqs, plus max_num_seqs."""
+        return tuple(sorted({b for b in self.batch_buckets if b <= self.max_num_seqs} | {self.max_num_seqs}))
+
+    def ctx_sizes(self) -> Tuple[int, ...]:
+        """Effective attention context buckets (ascending; the last is max_model_len)."""
+        if self.ctx_buckets is None:
+            out, c = set(), 256
+            while c < self.max_model_len:
+                out.add(c)
+                c *= 2
+        else:
+            out = {c for c in self.ctx_buckets if c < self.max_model_len}
+        return tuple(sorted(out | {self.max_model_len}))
+
+
+# ------------------------------------------------------------------------------------------------
+# Counter-based RNG (graph-safe, no torch generator state)
+# ------------------------------------------------------------------------------------------------
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser on int64 tensors (values kept in [0, 2^32); products < 2^63)."""
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x68E31DA5) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x2C1B3C6D) & _M32
+    x = x ^ (x >> 12)
+    return x
+
+
+def hash_seed(seed: int) -> int:
+    """A request's 32-bit RNG key from a (up to 63-bit) seed."""
+    s = int(seed) & ((1 << 63) - 1)
+    t = torch.tensor([s & _M32, (s >> 32) & _M32], dtype=torch.int64)
+    return int(_mix32(t[0] ^ _mix32(t[1] + 0x51ED27)))
+
+
+def gumbel_noise(key: torch.Tensor, counter: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise ``[B, K]`` fp32 for request keys ``key [B]``, draw counters
+    ``counter [B]`` and candidate ranks ``cols [K]`` (all int64 on the same device)."""
+    s = _mix32(key ^ _mix32(counter + 0x3C6EF372))  # [B]
+    x = _mix32(s[:, None] ^ ((cols[None, :] * 0x9E3779B1) & _M32))
+    x = _mix32(x + 0x6A09E667)
+    u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)  # (0, 1)
+    return -torch.log(-torch.log(u))
+
+
+# ------------------------------------------------------------------------------------------------
+# Model: fixed-shape step parts over slot tables
+# ------------------------------------------------------------------------------------------------
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x ``[B, H, T, hd]``; cos/sin ``[B or 1, T, hd]`` (same formula as talker._apply_rotary)."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+def _attn_math(q, k, v, allowed, heads, kv_heads, head_dim):
+    """The reference attention arithmetic (talker.Attention): GQA by repeat, fp32 softmax.
+    ``allowed``: bool broadcastable to ``[B, H, Tq, Tk]``, or None (all keys)."""
+    rep = heads // kv_heads
+    kk = k.repeat_interleave(rep, dim=1)
+    vv = v.repeat_interleave(rep, dim=1)
+    scores = (q @ kk.transpose(-1, -2)) * (head_dim ** -0.5)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, _NEG_INF)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return probs @ vv
+
+
+class NativeModel:
+    """Weights (taken from the reference :class:`~qwen3_tts_triton.talker.Talker`), static
+    buffers and the three parts of a decode step. Not thread-safe: one caller at a time."""
+
+    def __init__(self, talker, cfg: NativeEngineConfig, tts_pad_token_id: int):
+        self.cfg = cfg
+        self.talker = talker
+        tc = talker.config
+        cpc = tc.code_predictor
+        self.tc, self.cpc = tc, cpc
+        dev = talker.codec_head.weight.device
+        self.device, self.dtype = dev, talker.codec_head.weight.dtype
+        self.fast = cfg.use_fast_math
+        S, M = cfg.max_num_seqs, cfg.max_model_len
+        self.S, self.M = S, M
+        self.D = tc.hidden_size
+        self.V = tc.vocab_size
+        self.cb = tc.codebook_size
+        self.eos = tc.codec_eos_token_id
+        self.G = tc.num_code_groups
+        self.R = self.G - 1
+        self.cpV = cpc.vocab_size
+        if cfg.max_top_k > min(self.V, self.cpV):
+            # allowed: clipped to the smaller vocabulary for residuals separately
+            pass
+        self.K0 = min(cfg.max_top_k, self.V)
+        self.KR = min(cfg.max_top_k, self.cpV)
+        for mod in talker.modules():  # meta-built rotary buffers (assign-loading) -> real ones
+            if hasattr(mod, "inv_freq") and hasattr(mod, "_inv_freq") and (
+                    mod.inv_freq.is_meta or mod.inv_freq.device != dev):
+                mod.inv_freq = mod._inv_freq(dev)
+        dt = self.dtype
+        L, kvh, hd = tc.num_hidden_layers, tc.num_key_value_heads, tc.head_dim
+        self.k_cache = torch.zeros(L, S, kvh, M, hd, device=dev, dtype=dt)
+        self.v_cache = torch.zeros_like(self.k_cache)
+        cL, ckvh, chd = cpc.num_hidden_layers, cpc.num_key_value_heads, cpc.head_dim
+        self.cp_k = torch.zeros(cL, S, ckvh, CP_POSITIONS, chd, device=dev, dtype=dt)
+        self.cp_v = torch.zeros_like(self.cp_k)
+        T = cfg.max_trailing_tokens
+        z = lambda *s, d=torch.int64: torch.zeros(*s, device=dev, dtype=d)  # noqa: E731
+        # per-slot state
+        self.h = z(S, self.D, d=dt)
+        self.c0 = z(S)
+        self.frame_idx = z(S)       # frames emitted so far == index of the frame being built
+        self.pos = z(S)             # talker position the next input is written at
+        self.ngen = z(S)            # c0 tokens sampled so far
+        self.presence = z(S, self.V, d=torch.bool)
+        self.trailing = z(S, T, self.D, d=dt)
+        self.n_trailing = z(S)
+        self.key = z(S)
+        self.greedy = z(S, d=torch.bool)
+        self.sub_greedy = z(S, d=torch.bool)
+        self.suppress_eos = z(S, d=torch.bool)
+        self.min_new = z(S)
+        self.temp = torch.ones(S, device=dev, dtype=torch.float32)
+        self.top_k = torch.ones(S, device=dev, dtype=torch.int64)
+        self.top_p = torch.ones(S, device=dev, dtype=torch.float32)
+        self.rep = torch.ones(S, device=dev, dtype=torch.float32)
+        self.sub_temp = torch.ones(S, device=dev, dtype=torch.float32)
+        self.sub_top_k = torch.ones(S, device=dev, dtype=torch.int64)
+        self.state = [self.h, self.c0, self.frame_idx, self.pos, self.ngen, self.presence,
+                      self.trailing, self.n_trailing, self.key, self.greedy, self.sub_greedy,
+                      self.suppress_eos, self.min_new, self.temp, self.top_k, self.top_p, self.rep,
+                      self.sub_temp, self.sub_top_k]
+        # step intermediates / outputs (static: graph parts communicate through them)
+        self.frames = z(S, self.G)
+        self.x_in = z(S, self.D, d=dt)
+        self.h_new = z(S, self.D, d=dt)
+        self.logits = torch.zeros(S, self.V, device=dev, dtype=torch.float32)
+        self.out = z(S, self.G + 1)  # frame codes + done flag (next c0 == EOS)
+        # constants
+        self.ar = torch.arange(S, device=dev)
+        self.key_idx = torch.arange(M, device=dev)
+        self.cols0 = torch.arange(self.K0, device=dev)
+        self.colsR = torch.arange(self.KR, device=dev)
+        special = torch.zeros(self.V, dtype=torch.bool, device=dev)
+        special[self.cb:] = True
+        special[self.eos] = False
+        self.special = special
+        eos_hot = torch.zeros(self.V, dtype=torch.bool, device=dev)
+        eos_hot[self.eos] = True
+        self.eos_hot = eos_hot
+        with torch.inference_mode():
+            self.tts_pad = talker.embed_text(torch.tensor([tts_pad_token_id], device=dev))[0].clone()
+            cp = talker.code_predictor.model
+            pos16 = torch.arange(CP_POSITIONS, device=dev)[None]
+            self.cp_cos, self.cp_sin = cp.rotary_emb(pos16, dt)  # [1, 16, hd]
+        if self.fast:
+            self.res_tables = torch.stack([e.weight for e in talker.code_predictor.model.codec_embedding])
+            self.res_offsets = torch.arange(self.R, device=dev) * self.cpV
+
+    # -- slot management --------------------------------------------------------------------
+    def reset_slot(self, s: int) -> None:
+        for t in self.state:
+            t[s].zero_()
+
+    def move_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy slot ``src`` (KV positions ``[0, length)`` and every state row) onto ``dst``."""
+        self.k_cache[:, dst, :, :length].copy_(self.k_cache[:, src, :, :length])
+        self.v_cache[:, dst, :, :length].copy_(self.v_cache[:, src, :, :length])
+        for t in self.state:
+            t[dst].copy_(t[src])
+
+    # -- layers ------------------------------------------------------------------------------
+    def _qkv(self, layer, x, cos, sin):
+        a = layer.self_attn
+        b, t, _ = x.shape
+        hx = layer.input_layernorm(x)
+        q = a.q_norm(a.q_proj(hx).view(b, t, a.heads, a.head_dim)).transpose(1, 2)
+        k = a.k_norm(a.k_proj(hx).view(b, t, a.kv_heads, a.head_dim)).transpose(1, 2)
+        v = a.v_proj(hx).view(b, t, a.kv_heads, a.head_dim).transpose(1, 2)
+        return _rope(q, cos, sin), _rope(k, cos, sin), v
+
+    def _finish_layer(self, layer, x, attn_out):
+        a = layer.self_attn
+        b, _, t, _ = attn_out.shape
+        x = x + a.o_proj(attn_out.transpose(1, 2).reshape(b, t, a.heads * a.head_dim))
+        return x + layer.mlp(layer.post_attention_layernorm(x))
+
+    def _attend(self, a, q, k, v, allowed):
+        if self.fast:
+            mask = None if allowed is None else allowed
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return _attn_math(q, k, v, allowed, a.heads, a.kv_heads, a.head_dim)
+
+    # -- prefill (eager, one request) ---------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, s: int, prompt: torch.Tensor) -> torch.Tensor:
+        """Run the talker on ``prompt [L, D]`` for slot ``s``; writes KV ``[0, L)``; returns the
+        last final-norm hidden ``[D]``."""
+        L = prompt.shape[0]
+        model = self.talker.model
+        x = prompt.to(self.device, self.dtype)[None]
+        cos, sin = model.rotary_emb(torch.arange(L, device=self.device)[None], self.dtype)
+        allowed = torch.ones(L, L, dtype=torch.bool, device=self.device).tril()
+        for i, layer in enumerate(model.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            self.k_cache[i, s, :, :L] = k[0]
+            self.v_cache[i, s, :, :L] = v[0]
+            o = self._attend(layer.self_attn, q, k, v, allowed)
+            x = self._finish_layer(layer, x, o)
+        return model.norm(x)[0, -1]
+
+    # -- sampling ----------------------------------------------------------------------------
+    def _sample(self, scores, greedy, temp, top_k, top_p, key, counter, cols, K):
+        """Argmax where ``greedy``; else temperature, top-k (<= K), top-p, Gumbel-max.
+        ``scores [B, V]`` fp32 (already processed); returns ids ``[B]`` int64."""
+        arg = scores.argmax(dim=-1)
+        s = scores / temp[:, None]
+        vals, idx = torch.topk(s, K, dim=-1)  # sorted, descending
+        kth = vals.gather(1, (top_k - 1).clamp(0, K - 1)[:, None])
+        keep = vals >= kth
+        probs = torch.softmax(vals.masked_fill(~keep, _NEG_INF), dim=-1)
+        excl = probs.cumsum(dim=-1) - probs
+        keep = keep & (excl < top_p[:, None])
+        keep[:, 0] = True
+        g = gumbel_noise(key, counter, cols)
+        choice = (vals + g).masked_fill(~keep, _NEG_INF).argmax(dim=-1)
+        sampled = idx.gather(1, choice[:, None])[:, 0]
+        return torch.where(greedy, arg, sampled)
+
+    def process_c0(self, logits, presence, ngen, min_new, suppress_eos, rep):
+        """Reference codebook-0 processing (sampling.process_c0_logits) on ``[B, V]``, batched."""
+        lf = logits.float()
+        pen = torch.where(lf > 0, lf / rep[:, None], lf * rep[:, None])
+        lf = torch.where(presence, pen, lf)
+        eos_off = (ngen < min_new) | suppress_eos
+        return lf.masked_fill(self.special[None] | (self.eos_hot[None] & eos_off[:, None]), _NEG_INF)
+
+    def sample_c0(self, B: int, logits: torch.Tensor, ngen: torch.Tensor) -> torch.Tensor:
+        sl = slice(0, B)
+        scores = self.process_c0(logits, self.presence[sl], ngen, self.min_new[sl],
+                                 self.suppress_eos[sl], self.rep[sl])
+        return self._sample(scores, self.greedy[sl], self.temp[sl], self.top_k[sl], self.top_p[sl],
+                            self.key[sl], ngen * CP_POSITIONS, self.cols0, self.K0)
+
+    # -- step parts ----------------------------------------------------------------------------
+    def part_code_predictor(self, B: int) -> None:
+        """(h, c0) -> residual codes; writes ``frames[:B]``."""
+        tk = self.talker
+        cp = tk.code_predictor
+        m = cp.model
+        sl = slice(0, B)
+        h, c0 = self.h[sl], self.c0[sl]
+        sub_greedy, sub_temp, sub_k = self.sub_greedy[sl], self.sub_temp[sl], self.sub_top_k[sl]
+        ones = torch.ones_like(sub_temp)
+        key, base = self.key[sl], self.frame_idx[sl] * CP_POSITIONS
+        x = cp.small_to_mtp_projection(torch.stack([h, tk.model.codec_embedding(c0)], dim=1))
+        codes = [c0]
+        c = None
+        for j in range(1, self.R + 1):
+            if j == 1:
+                p0, t = 0, 2
+                allowed = torch.ones(2, 2, dtype=torch.bool, device=self.device).tril()
+            else:
+                p0, t = j, 1
+                allowed = None
+                x = cp.small_to_mtp_projection(m.codec_embedding[j - 2](c))[:, None]
+            cos, sin = self.cp_cos[:, p0:p0 + t], self.cp_sin[:, p0:p0 + t]
+            for i, layer in enumerate(m.layers):
+                q, k, v = self._qkv(layer, x, cos, sin)
+                self.cp_k[i, sl, :, p0:p0 + t] = k
+                self.cp_v[i, sl, :, p0:p0 + t] = v
+                o = self._attend(layer.self_attn, q, self.cp_k[i, sl, :, :p0 + t],
+                                 self.cp_v[i, sl, :, :p0 + t], allowed)
+                x = self._finish_layer(layer, x, o)
+            hid = m.norm(x[:, -1:])[:, 0] if t > 1 else m.norm(x)[:, 0]
+            logits = cp.lm_head[j - 1](hid).float()
+            c = self._sample(logits, sub_greedy, sub_temp, sub_k, ones, key, base + j,
+                             self.colsR, self.KR)
+            codes.append(c)
+        self.frames[sl].copy_(torch.stack(codes, dim=1))
+
+    def _embed_frame(self, frames: torch.Tensor) -> torch.Tensor:
+        tk = self.talker
+        if self.fast:
+            rows = (frames[:, 1:] + self.res_offsets[None]).reshape(-1)
+            res = self.res_tables.view(-1, self.D).index_select(0, rows).view(frames.shape[0], self.R, self.D)
+            return tk.model.codec_embedding(frames[:, 0]) + res.sum(dim=1)
+        out = tk.model.codec_embedding(frames[:, 0])
+        for j, table in enumerate(tk.code_predictor.model.codec_embedding, start=1):
+            out = out + table(frames[:, j])
+        return out
+
+    def part_talker(self, B: int, C: int) -> None:
+        """Next input F(frame) + text -> one talker position per row -> ``h_new``, ``logits``."""
+        tk = self.talker
+        model = tk.model
+        sl = slice(0, B)
+        fi, ntr, pos = self.frame_idx[sl], self.n_trailing[sl], self.pos[sl]
+        T = self.trailing.shape[1]
+        text = self.trailing[sl].gather(
+            1, fi.clamp(max=T - 1)[:, None, None].expand(B, 1, self.D))[:, 0]
+        text = torch.where((fi < ntr)[:, None], text, self.tts_pad[None])
+        x = (self._embed_frame(self.frames[sl]) + text)[:, None]  # [B, 1, D]
+        cos, sin = model.rotary_emb(pos[:, None], self.dtype)
+        allowed = (self.key_idx[None, :C] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, C]
+        ar = self.ar[sl]
+        for i, layer in enumerate(model.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            kc, vc = self.k_cache[i, sl], self.v_cache[i, sl]
+            kc[ar, :, pos] = k[:, :, 0]
+            vc[ar, :, pos] = v[:, :, 0]
+            o = self._attend(layer.self_attn, q, kc[:, :, :C], vc[:, :, :C], allowed)
+            x = self._finish_layer(layer, x, o)
+        hn = model.norm(x)[:, 0]
+        self.h_new[sl].copy_(hn)
+        self.logits[sl].copy_(tk.codec_logits(hn).float())
+
+    def part_sample(self, B: int) -> None:
+        """Codebook-0 processing + sampling on ``logits``; advances every state row; ``out``."""
+        sl = slice(0, B)
+        ngen = self.ngen[sl]
+        c0n = self.sample_c0(B, self.logits[sl], ngen)
+        self.out[sl, :self.G].copy_(self.frames[sl])
+        self.out[sl, self.G].copy_((c0n == self.eos).to(torch.int64))
+        self.presence[sl].scatter_(1, c0n[:, None], True)
+        self.h[sl].copy_(self.h_new[sl])
+        self.c0[sl].copy_(c0n)
+        self.ngen[sl].add_(1)
+        self.frame_idx[sl].add_(1)
+        self.pos[sl].add_(1)
+
+    def step(self, B: int, C: int) -> None:
+        self.part_code_predictor(B)
+        self.part_talker(B, C)
+        self.part_sample(B)
+
+
+# ------------------------------------------------------------------------------------------------
+# Graphs
+# ------------------------------------------------------------------------------------------------
+
+class _Graphs:
+    """One CUDA graph per (B, C) of the whole step, sharing a memory pool."""
+
+    def __init__(self, model: NativeModel, batch_sizes, ctx_sizes):
+        self.model = model
+        self.graphs: Dict[Tuple[int, int], "torch.cuda.CUDAGraph"] = {}
+        self.pool = None
+        self.batch_sizes, self.ctx_sizes = batch_sizes, ctx_sizes
+
+    @torch.inference_mode()
+    def capture_all(self, fn=None, keys=None) -> float:
+        t0 = time.perf_counter()
+        m = self.model
+        fn = fn or m.step
+        stream = torch.cuda.Stream(device=m.device)
+        stream.wait_stream(torch.cuda.current_stream(m.device))
+        keys = keys or [(b, c) for b in self.batch_sizes for c in self.ctx_sizes]
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up (cuBLAS handles, allocator) on every shape
+                for b, c in keys:
+                    fn(b, c)
+        torch.cuda.current_stream(m.device).wait_stream(stream)
+        torch.cuda.synchronize(m.device)
+        for b, c in sorted(keys, key=lambda k: (-k[0], -k[1])):  # largest first: pool reuse
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                fn(b, c)
+            if self.pool is None:
+                self.pool = g.pool()
+            self.graphs[(b, c)] = g
+        torch.cuda.synchronize(m.device)
+        for s in range(m.S):  # warm-up mutated the state tables
+            m.reset_slot(s)
+        return time.perf_counter() - t0
+
+    def replay(self, b: int, c: int) -> None:
+        self.graphs[(b, c)].replay()
+
+
+# ------------------------------------------------------------------------------------------------
+# Engine
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(eq=False)
+class _Req:
+    req: TalkerRequest
+    prompt: torch.Tensor
+    trailing: torch.Tensor
+    key: int
+    queue: asyncio.Queue
+    slot: int = -1
+    pos: int = 0          # host mirror of the next talker position
+    frames: int = 0
+    done: bool = False
+    aborted: bool = False
+    freed: Optional[asyncio.Event] = None
+    t_submit: float = field(default_factory=time.perf_counter)
+
+
+_END = object()
+
+
+class NativeEngine:
+    """Async native talker engine. ``engine = await NativeEngine.create(ckpt, cfg)``."""
+
+    def __init__(self, checkpoint_dir, config: NativeEngineConfig = NativeEngineConfig(), talker=None):
+        if not isinstance(config, NativeEngineConfig):
+            raise EngineError("config must be a NativeEngineConfig")
+        if config.device.startswith("cuda") and not torch.cuda.is_available():
+            raise EngineError(f"NativeEngineConfig.device={config.device!r} but CUDA is not available")
+        self.config = config
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self._talker = talker
+        self.model: Optional[NativeModel] = None
+        self.graphs: Optional[_Graphs] = None
+        self.capture_seconds = 0.0
+        self._waiting: deque = deque()
+        self._active: List[_Req] = []
+        self._by_id: Dict[str, _Req] = {}
+        self._wake: Optional[asyncio.Event] = None
+        self._task: Optional[asyncio.Task] = None
+        self._closed = False
+        self._error: Optional[BaseException] = None
+        self._rng = random.Random(config.seed)
+        self.steps = 0
+        self.step_hist: Dict[Tuple[int, int], int] = {}
+
+    @classmethod
+    async def create(cls, checkpoint_dir, config: NativeEngineConfig = NativeEngineConfig(),
+                     talker=None) -> "NativeEngine":
+        """Load the weights (``talker`` may pass an already loaded reference Talker), allocate
+        the slots, capture the graphs and start the scheduler."""
+        eng = cls(checkpoint_dir, config, talker)
+        await eng.start()
+        return eng
+
+    def _load(self):
+        c = self.config
+        tts_pad_id = None
+        talker = self._talker
+        if talker is None:
+            from .checkpoint import load_checkpoint
+
+            ck = load_checkpoint(self.checkpoint_dir, device=c.device, dtype=c.torch_dtype,
+                                 load_speech_tokenizer=False, load_tokenizer=False)
+            talker = ck.model.talker
+            tts_pad_id = ck.config.tts_pad_token_id
+            ck.model.speaker_encoder = None
+        else:
+            talker = talker.to(device=c.device, dtype=c.torch_dtype)
+        if tts_pad_id is None:
+            if self.checkpoint_dir is not None:
+                from .checkpoint import load_talker_config
+                tts_pad_id = load_talker_config(self.checkpoint_dir).tts_pad_token_id
+            else:
+                tts_pad_id = 151671
+        talker.eval()
+        for p in talker.parameters():
+            p.requires_grad_(False)
+        self.model = NativeModel(talker, c, tts_pad_id)
+        if c.use_graphs:
+            self.graphs = _Graphs(self.model, c.batch_sizes(), c.ctx_sizes())
+            self.capture_seconds = self.graphs.capture_all()
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        if self.model is None:
+            await asyncio.get_running_loop().run_in_executor(None, self._load)
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._scheduler())
+
+    # -- requests ----------------------------------------------------------------------------
+    @property
+    def hidden(self) -> int:
+        return self.model.D
+
+    def check_request(self, req: TalkerRequest):
+        """Refuse what cannot run, before anything is scheduled. Returns (embeds, trailing)."""
+        c = self.config
+        if not isinstance(req, TalkerRequest):
+            raise EngineError(f"expected a TalkerRequest, got {type(req).__name__}")
+        if not isinstance(req.request_id, str) or not req.request_id:
+            raise EngineError("request_id must be a non-empty string")
+        D = self.model.D
+        pe = torch.as_tensor(req.prompt_embeds)
+        if pe.dim() != 2 or pe.shape[1] != D:
+            raise EngineError(f"prompt_embeds must be [L, {D}], got {tuple(pe.shape)}")
+        L = int(pe.shape[0])
+        if L < 1:
+            raise EngineError("prompt_embeds is empty")
+        if L > c.max_model_len - 2:
+            raise EngineError(f"prompt of {L} rows is too long: max_model_len={c.max_model_len} "
+                              f"allows at most {c.max_model_len - 2} prompt rows (+1 frame)")
+        limit = c.max_model_len - L - 1
+        if not isinstance(req.max_frames, int) or isinstance(req.max_frames, bool) or req.max_frames < 1:
+            raise EngineError(f"max_frames must be a positive int, got {req.max_frames!r}")
+        if req.max_frames > limit:
+            raise EngineError(f"max_frames={req.max_frames} exceeds max_model_len - prompt_len - 1 "
+                              f"= {limit} for a prompt of {L} rows (max_model_len={c.max_model_len})")
+        tr = req.trailing if req.trailing is not None else torch.zeros(0, D)
+        tr = torch.as_tensor(tr)
+        if tr.dim() != 2 or tr.shape[1] != D:
+            raise EngineError(f"trailing must be [N, {D}], got {tuple(tr.shape)}")
+        if tr.shape[0] > c.max_trailing_tokens:
+            raise EngineError(f"trailing text of {tr.shape[0]} rows > max_trailing_tokens="
+                              f"{c.max_trailing_tokens}")
+        if not (req.greedy or (req.temperature > 0 and math.isfinite(req.temperature))):
+            raise EngineError("temperature must be > 0 unless greedy")
+        sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
+        if not (sub_greedy or (req.sub_temperature > 0 and math.isfinite(req.sub_temperature))):
+            raise EngineError("sub_temperature must be > 0 unless sub_greedy")
+        for name, v, vocab in (("top_k", req.top_k, self.model.V), ("sub_top_k", req.sub_top_k, self.model.cpV)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise EngineError(f"{name} must be an int >= 1, got {v!r}")
+            if v > c.max_top_k and c.max_top_k < vocab:
+                raise EngineError(f"{name}={v} > max_top_k={c.max_top_k} (NativeEngineConfig)")
+        if not (0 < req.top_p <= 1):
+            raise EngineError(f"top_p must be in (0, 1], got {req.top_p!r}")
+        if not (req.repetition_penalty > 0 and math.isfinite(req.repetition_penalty)):
+            raise EngineError(f"repetition_penalty must be > 0, got {req.repetition_penalty!r}")
+        if not isinstance(req.min_new_tokens, int) or req.min_new_tokens < 0:
+            raise EngineError(f"min_new_tokens must be an int >= 0, got {req.min_new_tokens!r}")
+        if req.seed is not None and (not isinstance(req.seed, int) or isinstance(req.seed, bool)):
+            raise EngineError(f"seed must be an int or None, got {req.seed!r}")
+        return pe, tr
+
+    async def synthesize(self, req: TalkerRequest) -> AsyncIterator[np.ndarray]:
+        """Yield frames ``[n, 16] int32`` as they are produced (the EOS frame is never included)."""
+        if self._task is None or self._closed:
+            raise EngineError("engine not started (await engine.start()) or shut down")
+        if self._error is not None:
+            raise RuntimeError(f"native engine failed: {self._error!r}")
+        pe, tr = self.check_request(req)
+        if req.request_id in self._by_id:
+            raise EngineError(f"request_id {req.request_id!r} is already in flight")
+        seed = req.seed if req.seed is not None else self._rng.getrandbits(63)
+        r = _Req(req=req, prompt=pe, trailing=tr, key=hash_seed(seed), queue=asyncio.Queue())
+        self._by_id[req.request_id] = r
+        self._waiting.append(r)
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await r.queue.get()
+                chunks = [item]
+                while not r.queue.empty():
+                    chunks.append(r.queue.get_nowait())
+                frames = []
+                for it in chunks:
+                    if it is _END:
+                        finished = True
+                    elif isinstance(it, BaseException):
+                        finished = True
+                        raise it
+                    else:
+                        frames.append(it)
+                if frames:
+                    yield np.concatenate(frames).astype(np.int32, copy=False)
+                if finished:
+                    return
+        finally:
+            if not finished and not r.done:
+                await self.abort(req.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; returns once its slot is free (no-op for unknown ids)."""
+        r = self._by_id.get(request_id)
+        if r is None or r.done:
+            return
+        r.aborted = True
+        if r in self._waiting:  # not handed to the scheduler yet (the deque is loop-owned)
+            self._waiting.remove(r)
+            self._finish(r)
+            return
+        if r.freed is None:
+            r.freed = asyncio.Event()
+        self._wake.set()
+        if self._task is not None and not self._task.done():
+            await r.freed.wait()
+
+    def stats(self) -> dict:
+        return {"active": len(self._active), "free": self.config.max_num_seqs - len(self._active),
+                "waiting": len(self._waiting), "tracked": len(self._by_id), "steps": self.steps}
+
+    def shutdown(self) -> None:
+        self._closed = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        for r in list(self._by_id.values()):
+            if not r.done:
+                r.queue.put_nowait(EngineError("engine shut down"))
+                self._finish(r)
+        self._task = None
+
+    # -- scheduler ---------------------------------------------------------------------------
+    def _finish(self, r: _Req) -> None:
+        if r.done:
+            return
+        r.done = True
+        self._by_id.pop(r.req.request_id, None)
+        r.queue.put_nowait(_END)
+        if r.freed is not None:
+            r.freed.set()
+
+    def _release(self, r: _Req) -> None:
+        """Free ``r``'s slot, keeping active slots contiguous (move the last one into the hole)."""
+        m = self.model
+        s = r.slot
+        last = len(self._active) - 1
+        moved = self._active[last]
+        if moved is not r:
+            m.move_slot(last, s, moved.pos)
+            moved.slot = s
+            self._active[s] = moved
+        self._active.pop()
+        m.reset_slot(last)
+        r.slot = -1
+
+    @torch.inference_mode()
+    def _admit(self, r: _Req) -> Optional[np.ndarray]:
+        """Prefill ``r`` into the next slot; returns None, or an empty result when the first c0
+        is already EOS."""
+        m = self.model
+        s = len(self._active)
+        req = r.req
+        m.reset_slot(s)
+        h = m.prefill(s, r.prompt)
+        L = r.prompt.shape[0]
+        sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
+        n_tr = r.trailing.shape[0]
+        if n_tr:
+            m.trailing[s, :n_tr] = r.trailing.to(m.device, m.dtype)
+        vals = {m.n_trailing: n_tr, m.key: r.key, m.greedy: bool(req.greedy),
+                m.sub_greedy: bool(sub_greedy), m.suppress_eos: bool(req.suppress_eos),
+                m.min_new: int(req.min_new_tokens), m.temp: float(req.temperature),
+                m.top_k: min(int(req.top_k), m.K0), m.top_p: float(req.top_p),
+                m.rep: float(req.repetition_penalty), m.sub_temp: float(req.sub_temperature),
+                m.sub_top_k: min(int(req.sub_top_k), m.KR), m.pos: L}
+        for t, v in vals.items():
+            t[s] = v
+        m.h[s] = h
+        # c0_0 from the last prompt row (no history yet)
+        ngen = torch.zeros(1, dtype=torch.int64, device=m.device)
+        logits = m.talker.codec_logits(h[None]).float()
+        sl = slice(s, s + 1)
+        scores = m.process_c0(logits, m.presence[sl], ngen, m.min_new[sl], m.suppress_eos[sl], m.rep[sl])
+        c0 = m._sample(scores, m.greedy[sl], m.temp[sl], m.top_k[sl], m.top_p[sl], m.key[sl],
+                       ngen * CP_POSITIONS, m.cols0, m.K0)
+        m.c0[s] = c0[0]
+        m.presence[s, c0[0]] = True
+        m.ngen[s] = 1
+        r.slot, r.pos = s, L
+        self._active.append(r)
+        return int(c0[0]) == m.eos  # one host sync per admission
+
+    def _bucket(self, sizes, n):
+        for b in sizes:
+            if b >= n:
+                return b
+        raise RuntimeError(f"no bucket for {n}")
+
+    @torch.inference_mode()
+    def _run_step(self) -> np.ndarray:
+        """One decode step of every active slot; returns ``out[:n]`` on the host (the sync)."""
+        c = self.config
+        n = len(self._active)
+        B = self._bucket(c.batch_sizes(), n)
+        need = max(r.pos for r in self._active) + 1
+        C = self._bucket(c.ctx_sizes(), need)
+        if self.graphs is not None:
+            self.graphs.replay(B, C)
+        else:
+            self.model.step(B, C)
+        self.steps += 1
+        self.step_hist[(B, C)] = self.step_hist.get((B, C), 0) + 1
+        return self.model.out[:n].cpu().numpy()
+
+    def _work(self, admits: List[_Req]) -> List[Tuple[_Req, Optional[np.ndarray], bool]]:
+        """Scheduler body, run off the event loop: releases, admissions, one decode step.
+        Returns ``(request, frames [1, 16] or None, finished)`` events for the loop to dispatch."""
+        events = []
+        for r in [r for r in self._active if r.aborted]:  # releases happen between steps only
+            self._release(r)
+            events.append((r, None, True))
+        for r in admits:
+            if r.aborted:
+                events.append((r, None, True))
+            elif self._admit(r):  # the first c0 is EOS: no frames
+                self._release(r)
+                events.append((r, None, True))
+        if not self._active:
+            return events
+        out = self._run_step()
+        for i, r in enumerate(list(self._active)):
+            r.frames += 1
+            r.pos += 1
+            row = out[i]
+            stop = bool(row[-1]) or r.frames >= r.req.max_frames
+            events.append((r, row[None, :-1], stop))
+        for r, _, stop in events:
+            if stop and r.slot >= 0:
+                self._release(r)
+        return events
+
+    async def _scheduler(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._closed:
+                if not self._active and not self._waiting:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                admits = []
+                while self._waiting and len(self._active) + len(admits) < self.config.max_num_seqs:
+                    admits.append(self._waiting.popleft())
+                events = await loop.run_in_executor(None, self._work, admits)
+                for r, frames, stop in events:
+                    if frames is not None and not r.aborted:
+                        r.queue.put_nowait(frames)
+                    if stop:
+                        self._finish(r)
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 -- fail every stream, keep the message
+            self._error = e
+            for r in list(self._by_id.values()):
+                r.queue.put_nowait(RuntimeError(f"native engine step failed: {e!r}"))
+                self._finish(r)
+            raise

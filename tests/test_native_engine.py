@@ -1,0 +1,270 @@
+"""NativeEngine on CPU (eager, fp32, tiny random checkpoint): greedy frames identical to the
+reference ``generate_codes`` under continuous batching (staggered joins, different lengths),
+aborts free their slots, seeded sampling is reproducible, limits are refused."""
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from qwen3_tts_triton.checkpoint import load_checkpoint
+from qwen3_tts_triton.engine import EngineError, TalkerRequest
+from qwen3_tts_triton.generate import generate_codes
+from qwen3_tts_triton.native_engine import NativeEngine, NativeEngineConfig, gumbel_noise
+from qwen3_tts_triton.sampling import SamplingParams
+
+MAX_LEN = 96
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def ref(tiny_checkpoint):
+    ck = load_checkpoint(tiny_checkpoint, dtype=torch.float32, load_speech_tokenizer=False,
+                         load_tokenizer=False)
+    talker = ck.model.talker.eval()
+    pad = talker.embed_text(torch.tensor([ck.config.tts_pad_token_id]))[0].detach()
+    return talker, pad
+
+
+@pytest.fixture(scope="module")
+def loop():
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+def _cfg(**kw):
+    base = dict(max_num_seqs=4, max_model_len=MAX_LEN, device="cpu", dtype="float32",
+                cuda_graphs=False, batch_buckets=(1, 2, 4), ctx_buckets=(32, 64), max_trailing_tokens=16)
+    base.update(kw)
+    return NativeEngineConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint, loop):
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg()))
+    yield eng
+    eng.shutdown()
+
+
+def _prompt(d, L, N, seed):
+    g = torch.Generator().manual_seed(seed)
+    # scaled like real summed embeddings (std ~0.02 tables): keeps the tiny model's logits varied
+    return torch.randn(L, d, generator=g) * 0.05, torch.randn(N, d, generator=g) * 0.05
+
+
+def _reference(talker, pad, pe, tr, max_frames, **kw):
+    p = SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=max_frames + 1, **kw)
+    with torch.no_grad():
+        return generate_codes(talker, pe, tr, pad, p).numpy().astype(np.int32)
+
+
+async def _collect(engine, req, abort_after=None):
+    chunks, n = [], 0
+    async for c in engine.synthesize(req):
+        assert c.dtype == np.int32 and c.ndim == 2 and c.shape[1] == 16
+        chunks.append(c)
+        n += len(c)
+        if abort_after is not None and n >= abort_after:
+            await engine.abort(req.request_id)
+            break
+    return np.concatenate(chunks) if chunks else np.zeros((0, 16), np.int32)
+
+
+async def _staggered(engine, reqs, delays_steps):
+    """Start request i once the engine has run ``delays_steps[i]`` decode steps."""
+    async def one(r, d):
+        while engine.steps < d:
+            await asyncio.sleep(0.001)
+        return await _collect(engine, r)
+    return await asyncio.gather(*(one(r, d) for r, d in zip(reqs, delays_steps)))
+
+
+def test_config_validation():
+    with pytest.raises(EngineError, match="device"):
+        NativeEngineConfig(device="tpu")
+    with pytest.raises(EngineError, match="dtype"):
+        NativeEngineConfig(dtype="float64")
+    with pytest.raises(EngineError, match="max_num_seqs"):
+        NativeEngineConfig(max_num_seqs=0)
+    with pytest.raises(EngineError, match="batch_buckets"):
+        NativeEngineConfig(batch_buckets=())
+    c = NativeEngineConfig(max_num_seqs=12, max_model_len=1000)
+    assert c.batch_sizes() == (1, 2, 4, 8, 12)
+    assert c.ctx_sizes() == (256, 512, 1000)
+
+
+def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
+    talker, pad = ref
+    d = talker.config.hidden_size
+    # 6 requests over 4 slots: different prompt / trailing lengths and frame limits, staggered
+    # starts, so requests join and leave mid-stream, wait for a slot, and slots get compacted.
+    specs = [(9, 3, 14, 0), (5, 0, 6, 0), (17, 7, 20, 2), (3, 12, 9, 3), (12, 1, 11, 5), (7, 4, 8, 7)]
+    reqs, wants = [], []
+    for i, (L, N, mf, _) in enumerate(specs):
+        pe, tr = _prompt(d, L, N, seed=100 + i)
+        reqs.append(TalkerRequest(request_id=f"g{i}", prompt_embeds=pe, trailing=tr, max_frames=mf,
+                                  greedy=True))
+        wants.append(_reference(talker, pad, pe, tr, mf))
+    outs = loop.run_until_complete(_staggered(engine, reqs, [s[3] for s in specs]))
+    for i, (got, want) in enumerate(zip(outs, wants)):
+        assert got.shape == want.shape, (i, got.shape, want.shape)
+        np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
+        assert len(np.unique(got[:, 1:])) > 8
+    assert engine.stats()["active"] == 0 and engine.stats()["waiting"] == 0
+    assert max(b for b, _ in engine.step_hist) == 4  # the full bucket was used
+
+
+def test_greedy_eos_and_min_new_tokens(tiny_checkpoint, ref, loop):
+    """A head biased to EOS: the engine stops exactly where the reference does."""
+    talker, pad = ref
+    d = talker.config.hidden_size
+    eng = NativeEngine(tiny_checkpoint, _cfg(max_num_seqs=2, batch_buckets=(1, 2)))
+    loop.run_until_complete(eng.start())
+    head = eng.model.talker.codec_head.weight
+    eos = talker.config.codec_eos_token_id
+    saved_e, saved_r = head.data[eos].clone(), talker.codec_head.weight.data[eos].clone()
+    try:
+        bias = torch.randn(d, generator=torch.Generator().manual_seed(3)) * 0.5
+        head.data[eos] += bias
+        talker.codec_head.weight.data[eos] += bias
+        outs = []
+        for i, mn in enumerate((2, 0, 5)):
+            pe, tr = _prompt(d, 6, 2, seed=7 + i)
+            want = _reference(talker, pad, pe, tr, 30, min_new_tokens=mn)
+            got = loop.run_until_complete(_collect(eng, TalkerRequest(
+                request_id=f"e{i}", prompt_embeds=pe, trailing=tr, max_frames=30, greedy=True,
+                min_new_tokens=mn)))
+            np.testing.assert_array_equal(got, want)
+            outs.append(len(got))
+        assert any(n < 30 for n in outs)  # EOS actually stopped some request
+    finally:
+        head.data[eos] = saved_e
+        talker.codec_head.weight.data[eos] = saved_r
+        eng.shutdown()
+
+
+def test_aborts_free_slots(engine, ref, loop):
+    talker, _ = ref
+    d = talker.config.hidden_size
+    rng = random.Random(5)
+
+    async def run():
+        async def one(i):
+            pe, tr = _prompt(d, rng.randrange(2, 20), rng.randrange(0, 8), seed=i)
+            r = TalkerRequest(request_id=f"ab{i}", prompt_embeds=pe, trailing=tr,
+                              max_frames=rng.randrange(2, 10), seed=i, suppress_eos=True)
+            await asyncio.sleep(rng.random() * 0.02)
+            return await _collect(engine, r, abort_after=rng.choice([1, 2, 3]))
+        return await asyncio.gather(*(one(i) for i in range(20)))
+
+    outs = loop.run_until_complete(run())
+    assert len(outs) == 20 and all(1 <= len(o) for o in outs)
+    loop.run_until_complete(asyncio.sleep(0.05))
+    st = engine.stats()
+    assert st["active"] == 0 and st["waiting"] == 0 and st["tracked"] == 0 and st["free"] == 4
+    # the engine still serves exact greedy requests after all the aborts
+    pe, tr = _prompt(d, 8, 2, seed=99)
+    got = loop.run_until_complete(_collect(engine, TalkerRequest(
+        request_id="after", prompt_embeds=pe, trailing=tr, max_frames=5, greedy=True)))
+    np.testing.assert_array_equal(got, _reference(talker, ref[1], pe, tr, 5))
+
+
+def test_abort_waiting_and_closed_stream(engine, ref, loop):
+    talker, _ = ref
+    d = talker.config.hidden_size
+
+    async def run():
+        pe, tr = _prompt(d, 4, 0, seed=1)
+        gens = [engine.synthesize(TalkerRequest(request_id=f"w{i}", prompt_embeds=pe, trailing=tr,
+                                                max_frames=40, seed=i, suppress_eos=True))
+                for i in range(6)]
+        firsts = await asyncio.gather(*(g.__anext__() for g in gens[:4]))
+        assert all(len(f) >= 1 for f in firsts)
+        t5 = asyncio.ensure_future(gens[5].__anext__())
+        await asyncio.sleep(0.01)
+        await engine.abort("w5")  # may still be waiting for a slot
+        for g in gens[:4]:
+            await g.aclose()  # closing a stream aborts its request
+        try:
+            await asyncio.wait_for(t5, 5)
+        except StopAsyncIteration:
+            pass
+        await gens[4].aclose()
+
+    loop.run_until_complete(run())
+    loop.run_until_complete(asyncio.sleep(0.05))
+    st = engine.stats()
+    assert st["active"] == 0 and st["waiting"] == 0 and st["tracked"] == 0
+
+
+def test_seeded_sampling_reproducible(engine, ref, loop):
+    talker, _ = ref
+    d = talker.config.hidden_size
+    pe, tr = _prompt(d, 7, 3, seed=11)
+
+    def req(rid, seed, **kw):
+        return TalkerRequest(request_id=rid, prompt_embeds=pe, trailing=tr, max_frames=10, seed=seed,
+                             suppress_eos=True, **kw)
+
+    async def three():
+        return await asyncio.gather(_collect(engine, req("s-a", 7)), _collect(engine, req("s-b", 7)),
+                                    _collect(engine, req("s-c", 8)))
+    a, b, c = loop.run_until_complete(three())
+    alone = loop.run_until_complete(_collect(engine, req("s-d", 7)))  # batch of one: same frames
+    assert a.shape == (10, 16)
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, alone)
+    assert not np.array_equal(a, c)
+    assert a.min() >= 0 and a.max() < 2048
+    # top_k=1 sampling is greedy
+    g1 = loop.run_until_complete(_collect(engine, req("k1", 3, top_k=1, sub_top_k=1)))
+    g0 = loop.run_until_complete(_collect(engine, req("k0", 3, greedy=True)))
+    np.testing.assert_array_equal(g1, g0)
+
+
+def test_gumbel_noise_distribution():
+    key = torch.tensor([5, 6], dtype=torch.int64)
+    g = gumbel_noise(key, torch.tensor([0, 0]), torch.arange(4096))
+    assert torch.isfinite(g).all()
+    assert abs(float(g.mean()) - 0.5772) < 0.06 and abs(float(g.std()) - 1.2825) < 0.06
+    assert not torch.equal(g[0], g[1])
+    assert torch.equal(g, gumbel_noise(key, torch.tensor([0, 0]), torch.arange(4096)))
+
+
+def test_limits_refused(engine, ref, loop):
+    talker, _ = ref
+    d = talker.config.hidden_size
+
+    async def first(req):
+        async for _ in engine.synthesize(req):
+            break
+
+    def bad(match, **kw):
+        args = dict(request_id="bad", prompt_embeds=torch.zeros(4, d), max_frames=4)
+        args.update(kw)
+        with pytest.raises(EngineError, match=match):
+            loop.run_until_complete(first(TalkerRequest(**args)))
+
+    bad("too long", prompt_embeds=torch.zeros(MAX_LEN - 1, d))
+    bad("exceeds max_model_len", max_frames=MAX_LEN - 4)
+    bad("prompt_embeds must be", prompt_embeds=torch.zeros(4, d + 1))
+    bad("max_trailing_tokens", trailing=torch.zeros(17, d))
+    bad("max_frames", max_frames=0)
+    bad("temperature", temperature=0.0)
+    bad("max_top_k", top_k=100)
+    # the longest allowed request runs
+    got = loop.run_until_complete(_collect(engine, TalkerRequest(
+        request_id="edge", prompt_embeds=torch.zeros(MAX_LEN - 2, d), max_frames=1, greedy=True,
+        suppress_eos=True)))
+    assert got.shape == (1, 16)
+    assert engine.stats()["tracked"] == 0
