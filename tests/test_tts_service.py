@@ -162,3 +162,35 @@ def test_checkpoint_specific_errors_before_any_work(inputs, field):
     assert send.finals == 1 and error_code_name(send.items[0][1]) == "INVALID_ARG"
     assert str(send.items[0][1]).startswith(field) and "allowed" in str(send.items[0][1])
     assert talker.started == []
+
+
+def test_codec_session_is_used_and_closed_once_per_request():
+    """A codec with ``session()`` gets one session per request, closed on the end and on errors."""
+    class Session:
+        def __init__(self, owner):
+            self.owner, self.closed = owner, 0
+
+        async def decode(self, codes, left):
+            self.owner.lefts.append(left)
+            if self.owner.fail:
+                raise RuntimeError("boom")
+            return trim_window(fake_decode_full(codes), left)
+
+        def close(self):
+            self.closed += 1
+
+    class SessionCodec(FakeCodec):
+        def __init__(self, fail=False):
+            super().__init__()
+            self.sessions, self.lefts, self.fail = [], [], fail
+
+        def session(self):
+            self.sessions.append(Session(self))
+            return self.sessions[-1]
+
+    for fail in (False, True):
+        codec, send = SessionCodec(fail), Sender()
+        asyncio.run(service(FakeTalker(FRAMES, 3), codec).handle({"text": b("hi")}, send))
+        assert send.finals == 1 and codec.calls == []  # decode() of the client itself is not used
+        assert [s.closed for s in codec.sessions] == [1]
+        assert codec.lefts and (send.items[-1][0] == "error") == fail

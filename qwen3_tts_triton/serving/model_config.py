@@ -141,6 +141,7 @@ class TtsModelConfig:
     checkpoint: str
     talker_model: str = "talker"
     codec_model: str = "codec_decoder"
+    codec_mode: str = "windowed"  # windowed | stateful (codec_model is then the stateful codec)
     default_task_type: str = ""  # empty: the checkpoint's own task type
     default_speaker: str = ""
     default_language: str = "auto"
@@ -167,6 +168,7 @@ class TtsModelConfig:
         if self.default_task_type:
             _choice("default_task_type", self.default_task_type, TASK_TYPES)
         _choice("default_sample_format", self.default_sample_format, SAMPLE_FORMATS)
+        _choice("codec_mode", self.codec_mode, ("windowed", "stateful"))
         AdmissionConfig(self.max_in_flight, self.max_queued)
 
     @classmethod

@@ -50,6 +50,7 @@ class RepositorySettings:
     codec_instances: int = 1
     codec_frame_buckets: str = ""
     codec_max_frames: int = 512
+    codec_mode: str = "windowed"  # windowed | stateful (adds codec_decoder_stateful; tts left context 0)
     # tts
     default_speaker: str = ""
     default_max_frames: int = 2048
@@ -63,7 +64,8 @@ class RepositorySettings:
 
     def validate(self) -> None:
         for name, allowed in (("codec_backend", ("tensorrt", "python")), ("device", ("gpu", "cpu")),
-                              ("engine", ("vllm", "native")), ("codec_runtime", ("torch", "onnxruntime"))):
+                              ("engine", ("vllm", "native")), ("codec_runtime", ("torch", "onnxruntime")),
+                              ("codec_mode", ("windowed", "stateful"))):
             if getattr(self, name) not in allowed:
                 raise RepositoryError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.codec_backend == "tensorrt" and self.device == "cpu":
@@ -110,11 +112,21 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         codec_preferred_batch_sizes=", ".join(str(b) for b in (8, 16, 32, 64) if b <= s.codec_max_batch_size)
         or str(s.codec_max_batch_size),
         default_speaker=default_speaker,
+        tts_codec_model="codec_decoder",
     )
+    stateful = s.codec_mode == "stateful"
+    if stateful:
+        from .stateful_codec import config_io_blocks, state_specs_from_checkpoint
+
+        ins, outs = config_io_blocks(state_specs_from_checkpoint(ckpt), s.codec_dtype)
+        values.update(codec_state_inputs=ins, codec_state_outputs=outs, left_context_frames="0",
+                      tts_codec_model="codec_decoder_stateful")
     if os.path.exists(out_dir):
         shutil.rmtree(out_dir)
     models = {"talker": "talker", "tts": "tts",
               "codec_decoder": "codec_decoder" if s.codec_backend == "tensorrt" else "codec_decoder_python"}
+    if stateful:
+        models["codec_decoder_stateful"] = "codec_stateful_python"
     for name, src in models.items():
         src_dir = os.path.join(templates, src)
         dst_dir = os.path.join(out_dir, name, "1")

@@ -23,6 +23,7 @@ from .admission import Admission, Overloaded
 from .model_config import TtsModelConfig
 from .pipeline import Cancelled, stream_audio, to_sample_format
 from .request import RequestError, TtsRequest, parse_tts_request
+from .stateful_codec import LiveCounter, open_session
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ class TalkerClient(Protocol):
 
 class CodecClient(Protocol):
     async def decode(self, codes: np.ndarray, left_context: int) -> np.ndarray: ...
+    # Optional: ``session()`` -> an object with ``async decode(codes, left_context)`` and ``close()``
+    # (one per request, e.g. the stateful codec's per-stream state); without it the service wraps
+    # ``decode`` (stateful_codec.open_session).
 
 
 class Sender(Protocol):
@@ -53,6 +57,7 @@ class Metrics:
     in_flight: Callable[[int], None] = lambda n: None
     refused: Callable[[], None] = lambda: None
     aborted: Callable[[], None] = lambda: None
+    codec_states_live: Callable[[int], None] = lambda n: None  # open stateful codec sessions
 
 
 def check_prompt(config: Qwen3TTSConfig, req: TtsRequest) -> None:
@@ -103,12 +108,15 @@ class TtsService:
         self.model_config = model_config
         self.limits = cfg.limits(model_config.task_type)
         self.schedule = ScheduleConfig(first_chunk_frames=cfg.first_chunk_frames, ramp=tuple(cfg.chunk_ramp),
-                                       chunk_frames=cfg.chunk_frames, left_context_frames=cfg.left_context_frames)
+                                       chunk_frames=cfg.chunk_frames,
+                                       # the stateful codec carries the past itself: no left context
+                                       left_context_frames=0 if cfg.codec_mode == "stateful" else cfg.left_context_frames)
         self.admission = Admission(cfg.admission())
         self.talker = talker
         self.codec = codec
         self.metrics = metrics or Metrics()
         self.prompt_check = prompt_check
+        self.codec_states = LiveCounter(lambda n: self.metrics.codec_states_live(n))
 
     def parse(self, inputs: Mapping[str, Any]) -> TtsRequest:
         req = parse_tts_request(inputs, self.limits)
@@ -137,13 +145,17 @@ class TtsService:
         self.metrics.in_flight(self.admission.in_flight)
         rid = f"tts-{uuid.uuid4().hex[:16]}"
         finished = False
+        session = None
         try:
+            session = open_session(self.codec)
+            if getattr(session, "stateful", False):
+                self.codec_states.add(1)
             frames = self.talker.stream(rid, talker_inputs(req))
             scheduler = ChunkScheduler(self.schedule)
             collected = []
             first = True
             n_frames = 0
-            async for chunk in stream_audio(frames, self.codec.decode, scheduler, cancelled):
+            async for chunk in stream_audio(frames, session.decode, scheduler, cancelled):
                 n_frames += chunk.num_frames
                 if chunk.samples.size and first:
                     first = False
@@ -176,6 +188,13 @@ class TtsService:
                 send.error(e)
             finished = True
         finally:
+            if session is not None:
+                try:
+                    session.close()
+                except Exception:  # noqa: BLE001
+                    log.exception("closing the codec session of %s failed", rid)
+                if getattr(session, "stateful", False):
+                    self.codec_states.add(-1)
             self.admission.release()
             self.metrics.in_flight(self.admission.in_flight)
 

@@ -23,6 +23,7 @@ from qwen3_tts_triton.serving.request import TTS_INPUTS, RequestError  # noqa: E
 from qwen3_tts_triton.serving.tts_service import SAMPLE_RATE, Metrics, TtsService  # noqa: E402
 from qwen3_tts_triton.serving.codec_batch import bucket  # noqa: E402
 from qwen3_tts_triton.serving.errors import error_code_name  # noqa: E402
+from qwen3_tts_triton.serving.stateful_codec import StatefulSession, state_specs_from_checkpoint  # noqa: E402
 
 
 def tensors_from_dict(d):
@@ -87,6 +88,56 @@ class _CodecBLS:
         return trim_window(audio, left_context, num_frames=n_new)
 
 
+def _keep(t):
+    """A BLS output tensor kept past its response: a host copy, or a GPU torch copy (DLPack)."""
+    if t.is_cpu():
+        return np.array(t.as_numpy())
+    import torch
+
+    # device-side copy: the state must not depend on the lifetime of the BLS response's buffer
+    return torch.from_dlpack(t.to_dlpack()).clone()
+
+
+def _send(name, x):
+    if isinstance(x, np.ndarray):
+        return pb_utils.Tensor(name, x)
+    import torch.utils.dlpack
+
+    return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(x))
+
+
+class _StatefulCodecBLS:
+    """Per-request sessions on `codec_decoder_stateful`: each chunk sends only its new frames plus
+    the stream's state (none and start=true on the first chunk) and keeps the returned state.
+    State stays on the GPU as DLPack tensors when the codec runs there."""
+
+    def __init__(self, model_name: str, checkpoint: str):
+        self.model_name = model_name
+        self.specs = state_specs_from_checkpoint(checkpoint)
+        self.outputs = ["audio_values"] + [s.output_name for s in self.specs]
+
+    def session(self):
+        return StatefulSession(self.step)
+
+    async def decode(self, codes, left_context):  # not used: the service opens sessions
+        raise RuntimeError("the stateful codec needs a session (codec.session())")
+
+    async def step(self, codes, state):
+        inputs = [pb_utils.Tensor("audio_codes", np.ascontiguousarray(codes, dtype=np.int64)[None])]
+        if state is None:
+            inputs.append(pb_utils.Tensor("start", np.ones((1, 1), np.bool_)))
+        else:
+            inputs += [_send(s.input_name, state[s.name]) for s in self.specs]
+        req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=self.outputs,
+                                        inputs=inputs)
+        resp = await req.async_exec()
+        if resp.has_error():
+            raise RuntimeError(f"{self.model_name}: {resp.error().message()}")
+        audio = np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])
+        new = {s.name: _keep(pb_utils.get_output_tensor_by_name(resp, s.output_name)) for s in self.specs}
+        return audio, new
+
+
 class _Sender:
     def __init__(self, request):
         self.sender = request.get_response_sender()
@@ -117,9 +168,11 @@ class TritonPythonModel:
         self.cfg = TtsModelConfig.from_parameters(parameters_from_model_config(model_config))
         ckpt = Qwen3TTSConfig.from_file(os.path.join(self.cfg.checkpoint, "config.json"))
         self._init_metrics()
-        self.service = TtsService(self.cfg, ckpt, _TalkerBLS(self.cfg.talker_model),
-                                  _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets),
-                                  self.metrics)
+        if self.cfg.codec_mode == "stateful":
+            codec = _StatefulCodecBLS(self.cfg.codec_model, self.cfg.checkpoint)
+        else:
+            codec = _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets)
+        self.service = TtsService(self.cfg, ckpt, _TalkerBLS(self.cfg.talker_model), codec, self.metrics)
         # The service runs on its own event loop thread, so execute() returns at once (decoupled).
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
@@ -139,6 +192,8 @@ class TritonPythonModel:
                          description="Requests refused at the admission limit", kind=M.COUNTER),
             "cancelled": M(name="qwen3_tts_requests_cancelled_total",
                            description="Requests cancelled by the client", kind=M.COUNTER),
+            "states": M(name="qwen3_tts_codec_states_live",
+                        description="Streams holding stateful-codec state", kind=M.GAUGE),
         }
         f = self._families
         self._metrics = {k: (f[k].Metric(labels=labels, buckets=[0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
@@ -147,7 +202,8 @@ class TritonPythonModel:
         self.metrics = Metrics(first_audio=m["ttfa"].observe, frames=m["frames"].increment,
                                audio_seconds=m["secs"].increment, in_flight=m["infl"].set,
                                refused=lambda: m["refused"].increment(1),
-                               aborted=lambda: m["cancelled"].increment(1))
+                               aborted=lambda: m["cancelled"].increment(1),
+                               codec_states_live=m["states"].set)
 
     def execute(self, requests):
         for request in requests:

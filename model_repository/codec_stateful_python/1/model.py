@@ -1,0 +1,103 @@
+"""`codec_decoder_stateful`, Python backend: exact stateful decoding of new frames (issue 9).
+
+Thin adapter around qwen3_tts_triton.serving.stateful_codec: read each request's `audio_codes`
+[b, T, 16], optional `start` and `state_in_*` tensors (DLPack, so GPU tensors stay on the GPU),
+validate them (INVALID_ARG per request), group the batch by T, run one StatefulCodecDecoder.step
+per group, and answer `audio_values` + `state_out_*` per request.
+"""
+
+import locale
+
+locale.setlocale(locale.LC_CTYPE, "C.UTF-8")  # the stub starts with an ASCII locale (runbook C3)
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder  # noqa: E402
+from qwen3_tts_triton.serving.codec_runtime import load_codec_decoder  # noqa: E402
+from qwen3_tts_triton.serving.model_config import (  # noqa: E402
+    CodecModelConfig, parameters_from_model_config)
+from qwen3_tts_triton.serving.stateful_codec import parse_request, run_batch, state_specs  # noqa: E402
+
+_BACKEND_PARAMS = ("FORCE_CPU_ONLY_INPUT_TENSORS",)
+
+
+def _torch(t):
+    """A pb_utils.Tensor as a torch tensor (CPU or GPU) without a host round trip."""
+    if t.is_cpu():
+        return torch.from_numpy(np.array(t.as_numpy()))  # copy: the request's memory is not ours
+    return torch.from_dlpack(t.to_dlpack())
+
+
+def _out(name, x):
+    if x.device.type == "cpu" and x.dtype != torch.bfloat16:
+        return pb_utils.Tensor(name, x.numpy())
+    return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(x))
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        model_config = json.loads(args["model_config"])
+        params = {k: v for k, v in parameters_from_model_config(model_config).items() if k not in _BACKEND_PARAMS}
+        self.cfg = CodecModelConfig.from_parameters(params)
+        if self.cfg.runtime != "torch":
+            raise ValueError("codec_decoder_stateful supports runtime torch only")
+        self.max_batch = int(model_config.get("max_batch_size", 0)) or None
+        self.device = torch.device(self.cfg.device if self.cfg.device == "cpu" else "cuda")
+        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.cfg.dtype]
+        decoder, st_cfg = load_codec_decoder(self.cfg.checkpoint, self.device, self.dtype)
+        self.codebook_size = int(st_cfg.decoder.codebook_size)
+        self.sd = StatefulCodecDecoder(decoder).eval()
+        self.specs = state_specs(self.sd)
+        # warm-up: one step from zero state
+        with torch.inference_mode():
+            self.sd.step(torch.zeros((1, 2, 16), dtype=torch.long, device=self.device),
+                         self.sd.init_state(1, self.device, self.dtype))
+
+    def _parse(self, req):
+        codes = pb_utils.get_input_tensor_by_name(req, "audio_codes")
+        if codes is None:
+            raise ValueError("audio_codes is required")
+        start_t = pb_utils.get_input_tensor_by_name(req, "start")
+        start = None
+        if start_t is not None:
+            s = _torch(start_t).reshape(-1)
+            if s.numel() < 1 or not bool((s == s[0]).all()):
+                raise ValueError("start must hold one value for the whole request")
+            start = bool(s[0])
+        states = {}
+        for spec in self.specs:
+            t = pb_utils.get_input_tensor_by_name(req, spec.input_name)
+            if t is not None:
+                states[spec.input_name] = _torch(t)
+        return parse_request(_torch(codes), start, states, self.specs, codebook_size=self.codebook_size,
+                             max_frames=self.cfg.max_frames, device=self.device, dtype=self.dtype)
+
+    def execute(self, requests):
+        responses = [None] * len(requests)
+        good, parsed = [], []
+        for i, req in enumerate(requests):
+            try:
+                parsed.append(self._parse(req))
+                good.append(i)
+            except ValueError as e:
+                responses[i] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+        if parsed:
+            try:
+                results = run_batch(parsed, self.sd, self.device, self.dtype, self.max_batch)
+                for i, r in zip(good, results):
+                    outs = [_out("audio_values", r.audio.cpu())]  # audio goes to the client anyway
+                    outs += [_out(spec.output_name, r.state[spec.name]) for spec in self.specs]
+                    responses[i] = pb_utils.InferenceResponse(outs)
+            except Exception as e:  # a decoder failure fails this batch, not the server
+                for i in good:
+                    responses[i] = pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(f"stateful codec decode failed: {e}", pb_utils.TritonError.INTERNAL))
+        return responses
+
+    def finalize(self):
+        self.sd = None
