@@ -29,6 +29,7 @@ from qwen3_tts_triton.serving.stateful_codec import (LiveCounter, StatefulSessio
                                                      config_io_blocks, group_by_frames, open_session, parse_request,
                                                      run_batch, state_specs)
 from qwen3_tts_triton.serving.tts_service import Metrics, TtsService
+from system_support import batch_sizes, make_reference, metric, start_tts_server, synth
 
 SPF = 1920
 
@@ -347,102 +348,29 @@ def test_sessions_helpers():
 TEXT = "Hello world, this is a streaming test."
 
 
-def free_ports(n):
-    import socket
-
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
-    from qwen3_tts_triton import launcher
-    from qwen3_tts_triton.serving.repository import RepositorySettings, build_repository
-
-    work = tmp_path_factory.mktemp("tts_stateful_server")
-    repo = build_repository(RepositorySettings(
-        checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu", max_num_seqs=8,
-        kv_cache_memory_bytes=64 * 2**20, enforce_eager=True, max_model_len=1024,
-        codec_mode="stateful", default_max_frames=40, max_frames_limit=400,
-        max_in_flight=8, max_queued=8, codec_queue_delay_us=5000, codec_max_batch_size=8),
-        str(work / "repo"))
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    http, grpc, metrics = free_ports(3)
-    srv = launcher.start_server(repo, http, grpc, metrics, str(work / "server.log"), ready_timeout=600)
-    srv.metrics_port = metrics
+    srv = start_tts_server(tiny_checkpoint, tmp_path_factory.mktemp("tts_stateful_server"),
+                           codec_mode="stateful", max_in_flight=8, max_queued=8)
     yield srv
     srv.stop()
 
 
-def _reference(tiny_checkpoint):
-    from qwen3_tts_triton.checkpoint import load_checkpoint
-    from qwen3_tts_triton.generate import generate_codes
-    from qwen3_tts_triton.prompt import PromptRequest, build_prompt, embed_prompt
-    from qwen3_tts_triton.sampling import SamplingParams
-
-    ck = load_checkpoint(tiny_checkpoint, dtype=torch.float32)
-    talker = ck.model.talker
-    cache = {}
-
-    def ref(text, speaker="aiden", frames=40):
-        key = (text, speaker, frames)
-        if key not in cache:
-            layout = build_prompt(ck.config, ck.tokenizer, PromptRequest(
-                task_type="CustomVoice", text=text, speaker=speaker, language="auto"))
-            pe, tr = embed_prompt(layout, talker)
-            pad = talker.embed_text([ck.config.tts_pad_token_id])[0]
-            codes = generate_codes(talker, pe, tr, pad, SamplingParams(
-                do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1))
-            with torch.no_grad():
-                audio = ck.decoder.decode(codes[None])[0].numpy()
-            cache[key] = (codes.numpy(), audio)
-        return cache[key]
-
-    return ref
-
-
 @pytest.fixture(scope="module")
 def reference(tiny_checkpoint):
-    return _reference(tiny_checkpoint)
-
-
-def _synth(server, **kw):
-    from qwen3_tts_triton.client import StreamingClient
-
-    with StreamingClient(server.grpc_url) as c:
-        return c.synthesize(timeout=120, **kw)
-
-
-def _metric(server, name):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}{{[^}}]*}} ([0-9.e+-]+)$", text, re.M))
-
-
-def _batch_sizes(server):
-    import tritonclient.grpc as grpcclient
-
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    stats = c.get_inference_statistics("codec_decoder_stateful", as_json=True)
-    return {int(x["batch_size"]): int(x["compute_infer"]["count"])
-            for m in stats["model_stats"] for x in m.get("batch_stats", [])}
+    return make_reference(tiny_checkpoint)
 
 
 @pytest.mark.system
 @pytest.mark.vllm
 def test_system_stateful_stream_equals_whole_decode(server, reference):
     codes, whole = reference(TEXT, frames=40)
-    r = _synth(server, text=TEXT, speaker="aiden", temperature=0.0, max_frames=40)
+    r = synth(server, text=TEXT, speaker="aiden", temperature=0.0, max_frames=40)
     assert r.audio.shape == whole.shape, (r.audio.shape, whole.shape)
     np.testing.assert_allclose(r.audio, whole, atol=1e-4, rtol=0)
     got = [n // SPF for _, n in r.chunks]
     assert got[0] == 2 and sum(got) == codes.shape[0]
-    assert _batch_sizes(server), "codec_decoder_stateful served nothing"
+    assert batch_sizes(server, "codec_decoder_stateful"), "codec_decoder_stateful served nothing"
 
 
 @pytest.mark.system
@@ -451,13 +379,13 @@ def test_system_stateful_concurrent_streams_batch(server, reference):
     jobs = [(f"Sentence number {i} for the concurrency test.", spk)
             for i, spk in enumerate(["aiden", "vivian", "ryan", "serena"])]
     refs = {j: reference(j[0], j[1], frames=30) for j in jobs}
-    before = _batch_sizes(server)
+    before = batch_sizes(server, "codec_decoder_stateful")
     with cf.ThreadPoolExecutor(4) as ex:
-        results = list(ex.map(lambda j: _synth(server, text=j[0], speaker=j[1], temperature=0.0,
+        results = list(ex.map(lambda j: synth(server, text=j[0], speaker=j[1], temperature=0.0,
                                                max_frames=30), jobs))
     for j, r in zip(jobs, results):
         np.testing.assert_allclose(r.audio, refs[j][1], atol=1e-4, rtol=0)
-    after = _batch_sizes(server)
+    after = batch_sizes(server, "codec_decoder_stateful")
     grew = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     assert any(k > 1 and n > 0 for k, n in grew.items()), f"stateful codec batch sizes: {after}"
 
@@ -467,7 +395,7 @@ def test_system_stateful_concurrent_streams_batch(server, reference):
 def test_system_cancelled_streams_leave_no_codec_state(server):
     from qwen3_tts_triton.client import StreamingClient, build_inputs
 
-    cancelled0 = _metric(server, "qwen3_tts_requests_cancelled_total")
+    cancelled0 = metric(server, "qwen3_tts_requests_cancelled_total")
     n = 50
     for i in range(n):
         c = StreamingClient(server.grpc_url)
@@ -476,13 +404,13 @@ def test_system_cancelled_streams_leave_no_codec_state(server):
         c.close(cancel=True)
     deadline = time.time() + 90
     while time.time() < deadline:
-        if (_metric(server, "qwen3_tts_requests_cancelled_total") - cancelled0 >= n
-                and _metric(server, "qwen3_tts_codec_states_live") == 0
-                and _metric(server, "qwen3_tts_requests_in_flight") == 0):
+        if (metric(server, "qwen3_tts_requests_cancelled_total") - cancelled0 >= n
+                and metric(server, "qwen3_tts_codec_states_live") == 0
+                and metric(server, "qwen3_tts_requests_in_flight") == 0):
             break
         time.sleep(0.5)
-    assert _metric(server, "qwen3_tts_requests_cancelled_total") - cancelled0 >= n
-    assert _metric(server, "qwen3_tts_codec_states_live") == 0
-    assert _metric(server, "qwen3_tts_requests_in_flight") == 0
-    r = _synth(server, text="after the cancels", max_frames=6)
+    assert metric(server, "qwen3_tts_requests_cancelled_total") - cancelled0 >= n
+    assert metric(server, "qwen3_tts_codec_states_live") == 0
+    assert metric(server, "qwen3_tts_requests_in_flight") == 0
+    r = synth(server, text="after the cancels", max_frames=6)
     assert r.audio.size == 6 * SPF

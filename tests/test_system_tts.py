@@ -8,15 +8,12 @@ frames the window is an approximation, docs/codec_window_error.md).
 """
 
 import concurrent.futures as cf
-import os
-import re
-import socket
 import time
 import urllib.request
 
 import numpy as np
 import pytest
-import torch
+from system_support import batch_sizes, make_reference, metric, start_tts_server, synth
 
 pytestmark = [pytest.mark.system, pytest.mark.vllm]
 
@@ -24,81 +21,23 @@ SPF = 1920
 TEXT = "Hello world, this is a streaming test."
 
 
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
-    from qwen3_tts_triton import launcher
-    from qwen3_tts_triton.serving.repository import RepositorySettings, build_repository
-
-    work = tmp_path_factory.mktemp("tts_server")
-    repo = build_repository(RepositorySettings(
-        checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu", max_num_seqs=8,
-        kv_cache_memory_bytes=64 * 2**20, enforce_eager=True, max_model_len=1024,
-        left_context_frames=150, default_max_frames=40, max_frames_limit=400,
-        max_in_flight=4, max_queued=4, codec_queue_delay_us=5000, codec_max_batch_size=8),
-        str(work / "repo"))
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    http, grpc, metrics = free_ports(3)
-    srv = launcher.start_server(repo, http, grpc, metrics, str(work / "server.log"), ready_timeout=600)
-    srv.metrics_port = metrics
+    srv = start_tts_server(tiny_checkpoint, tmp_path_factory.mktemp("tts_server"),
+                           left_context_frames=150, max_in_flight=4, max_queued=4)
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_checkpoint):
-    """Greedy frames from the reference model and their whole-utterance decode."""
-    from qwen3_tts_triton.checkpoint import load_checkpoint
-    from qwen3_tts_triton.generate import generate_codes
-    from qwen3_tts_triton.prompt import PromptRequest, build_prompt, embed_prompt
-    from qwen3_tts_triton.sampling import SamplingParams
-
-    ck = load_checkpoint(tiny_checkpoint, dtype=torch.float32)
-    talker = ck.model.talker
-    cache = {}
-
-    def ref(text, speaker="aiden", language="auto", frames=40):
-        key = (text, speaker, language, frames)
-        if key not in cache:
-            layout = build_prompt(ck.config, ck.tokenizer, PromptRequest(
-                task_type="CustomVoice", text=text, speaker=speaker, language=language))
-            pe, tr = embed_prompt(layout, talker)
-            pad = talker.embed_text([ck.config.tts_pad_token_id])[0]
-            codes = generate_codes(talker, pe, tr, pad, SamplingParams(
-                do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1))
-            with torch.no_grad():
-                audio = ck.decoder.decode(codes[None])[0].numpy()
-            cache[key] = (codes.numpy(), audio)
-        return cache[key]
-
-    return ref
+    return make_reference(tiny_checkpoint)
 
 
 def client(server):
     from qwen3_tts_triton.client import StreamingClient
 
     return StreamingClient(server.grpc_url)
-
-
-def synth(server, **kw):
-    with client(server) as c:
-        return c.synthesize(timeout=120, **kw)
-
-
-def metric(server, name):
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
-    vals = [float(m.group(1)) for m in re.finditer(rf"^{name}{{[^}}]*}} ([0-9.e+-]+)$", text, re.M)]
-    return sum(vals)
 
 
 def assert_ready(server):
@@ -134,29 +73,17 @@ def test_non_stream_and_int16(server, reference):
 
 
 def test_concurrent_streams_are_correct_and_batch_in_the_codec(server, reference):
-    import tritonclient.grpc as grpcclient
-
     jobs = [(f"Sentence number {i} for the concurrency test.", spk)
             for i, spk in enumerate(["aiden", "vivian", "ryan", "serena", "eric", "dylan", "sohee", "uncle_fu"])]
     refs = {j: reference(j[0], j[1], frames=30) for j in jobs}
-    before = _batch_sizes(grpcclient, server)
+    before = batch_sizes(server, "codec_decoder")
     with cf.ThreadPoolExecutor(8) as ex:
         results = list(ex.map(lambda j: synth(server, text=j[0], speaker=j[1], temperature=0.0, max_frames=30), jobs))
     for j, r in zip(jobs, results):
         np.testing.assert_allclose(r.audio, refs[j][1], atol=1e-4, rtol=0)
-    after = _batch_sizes(grpcclient, server)
+    after = batch_sizes(server, "codec_decoder")
     grew = {b: after.get(b, 0) - before.get(b, 0) for b in after}
     assert any(b > 1 and n > 0 for b, n in grew.items()), f"codec batch sizes seen: {after}"
-
-
-def _batch_sizes(grpcclient, server):
-    c = grpcclient.InferenceServerClient(server.grpc_url)
-    stats = c.get_inference_statistics("codec_decoder", as_json=True)
-    out = {}
-    for m in stats["model_stats"]:
-        for b in m.get("batch_stats", []):
-            out[int(b["batch_size"])] = int(b["compute_infer"]["count"])
-    return out
 
 
 BAD = [

@@ -42,6 +42,7 @@ class TalkerService:
         self.default_max_frames = default_max_frames
         self.max_top_k = max_top_k
         self.live: Dict[str, asyncio.Task] = {}
+        self._aborted_ids: set = set()  # live requests an abort request has reached
         self.stats = TalkerStats()
 
     def parse(self, request_id: str, inputs: Mapping[str, Any]):
@@ -100,14 +101,22 @@ class TalkerService:
                 agen = self.engine.synthesize(req)
                 async for frames in agen:
                     yield frames
-            except EngineError as e:  # refused before scheduling (too long, frame limit)
-                raise RequestError("max_frames" if "max_frames" in str(e) else "text", str(e)) from None
+            except EngineError as e:  # refused before scheduling (too long, frame limit, top-k)
+                msg = str(e)
+                field = next((f for f in ("max_frames", "top_k", "temperature") if f in msg), "text")
+                raise RequestError(field, msg) from None
             done = True
-            self.stats.finished += 1
         finally:
             self.live.pop(request_id, None)
-            if not done:
+            # An engine may end an aborted request's stream normally (the native engine does):
+            # count it as aborted all the same.
+            aborted = not done or request_id in self._aborted_ids
+            self._aborted_ids.discard(request_id)
+            if aborted:
                 self.stats.aborted += 1
+            else:
+                self.stats.finished += 1
+            if not done:
                 try:
                     await self.engine.abort(request_id)
                 except Exception:  # noqa: BLE001
@@ -116,6 +125,8 @@ class TalkerService:
     async def abort(self, request_id: str) -> bool:
         """Abort a live request by id (the tts model's explicit abort). True if it was live."""
         task = self.live.get(request_id)
+        if task is not None:
+            self._aborted_ids.add(request_id)
         await self.engine.abort(request_id)
         if task is not None:
             task.cancel()

@@ -1,0 +1,89 @@
+"""Shared support for the system tests (real tritonserver + the project's client)."""
+
+import os
+import re
+import socket
+import urllib.request
+
+import torch
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start_tts_server(checkpoint, work, **settings):
+    """Build a CPU repository for ``checkpoint`` (Python codec) and start the real server on it.
+    ``settings`` override RepositorySettings fields. Returns the server; call ``.stop()``."""
+    from qwen3_tts_triton import launcher
+    from qwen3_tts_triton.serving.repository import RepositorySettings, build_repository
+
+    kw = dict(checkpoint=str(checkpoint), codec_backend="python", device="cpu", max_num_seqs=8,
+              kv_cache_memory_bytes=64 * 2**20, enforce_eager=True, max_model_len=1024,
+              default_max_frames=40, max_frames_limit=400, codec_queue_delay_us=5000,
+              codec_max_batch_size=8)
+    kw.update(settings)
+    repo = build_repository(RepositorySettings(**kw), str(work / "repo"))
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    http, grpc, metrics = free_ports(3)
+    srv = launcher.start_server(repo, http, grpc, metrics, str(work / "server.log"), ready_timeout=600)
+    srv.metrics_port = metrics
+    return srv
+
+
+def make_reference(checkpoint):
+    """Greedy frames of the reference model and their whole-utterance decode, memoised."""
+    from qwen3_tts_triton.checkpoint import load_checkpoint
+    from qwen3_tts_triton.generate import generate_codes
+    from qwen3_tts_triton.prompt import PromptRequest, build_prompt, embed_prompt
+    from qwen3_tts_triton.sampling import SamplingParams
+
+    ck = load_checkpoint(checkpoint, dtype=torch.float32)
+    talker = ck.model.talker
+    cache = {}
+
+    def ref(text, speaker="aiden", language="auto", frames=40):
+        key = (text, speaker, language, frames)
+        if key not in cache:
+            layout = build_prompt(ck.config, ck.tokenizer, PromptRequest(
+                task_type="CustomVoice", text=text, speaker=speaker, language=language))
+            pe, tr = embed_prompt(layout, talker)
+            pad = talker.embed_text([ck.config.tts_pad_token_id])[0]
+            codes = generate_codes(talker, pe, tr, pad, SamplingParams(
+                do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1))
+            with torch.no_grad():
+                audio = ck.decoder.decode(codes[None])[0].numpy()
+            cache[key] = (codes.numpy(), audio)
+        return cache[key]
+
+    return ref
+
+
+def synth(server, **kw):
+    from qwen3_tts_triton.client import StreamingClient
+
+    with StreamingClient(server.grpc_url) as c:
+        return c.synthesize(timeout=120, **kw)
+
+
+def metric(server, name):
+    """Sum of a metric's samples on the server's metrics port."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}{{[^}}]*}} ([0-9.e+-]+)$", text, re.M))
+
+
+def batch_sizes(server, model):
+    """{batch size: executions} from Triton's statistics for ``model``."""
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    stats = c.get_inference_statistics(model, as_json=True)
+    return {int(x["batch_size"]): int(x["compute_infer"]["count"])
+            for m in stats["model_stats"] for x in m.get("batch_stats", [])}
