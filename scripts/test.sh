@@ -8,4 +8,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 venv=${QWEN3_TTS_VENV:-$root/.venv}
 bash "$root/scripts/setup_env.sh" "$venv"
 cd "$root"
-exec "$venv/bin/python" -m pytest -p no:cacheprovider --timeout=900 --durations=15 "$@"
+# A private temp root: pytest prunes old /tmp/pytest-of-$USER/pytest-N dirs, which would delete a
+# concurrently running session's server files (and vice versa).
+basetemp=$(mktemp -d "${TMPDIR:-/tmp}/qwen3-tts-tests.XXXXXX")
+exec "$venv/bin/python" -m pytest --basetemp="$basetemp" -p no:cacheprovider --timeout=900 --durations=15 "$@"
