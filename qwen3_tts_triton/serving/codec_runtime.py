@@ -29,30 +29,15 @@ DEFAULT_FRAME_BUCKETS = (2, 4, 8, 16, 32, 64, 97, 128)
 
 
 def load_codec_decoder(checkpoint_dir: str, device: str = "cpu", dtype=None):
-    """Build the decoder from ``<checkpoint>/speech_tokenizer`` and load its ``decoder.*`` weights.
-
-    Only the decoder's tensors are read (the encoder is not needed to serve).
-    """
+    """The decoder of ``<checkpoint>/speech_tokenizer`` (validated, decoder tensors only) and the
+    speech-tokenizer config; the one loader is ``checkpoint.load_codec_decoder``."""
     import torch
-    from safetensors import safe_open
 
-    from ..codec import CodecDecoder
-    from ..config import SpeechTokenizerConfig
+    from ..checkpoint import load_codec_decoder as _load, load_speech_tokenizer_config
 
-    st_dir = os.path.join(checkpoint_dir, "speech_tokenizer")
-    cfg = SpeechTokenizerConfig.from_file(os.path.join(st_dir, "config.json"))
-    path = os.path.join(st_dir, "model.safetensors")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"missing file: {path}")
-    decoder = CodecDecoder(cfg.decoder)
-    sd = {}
-    with safe_open(path, framework="pt") as f:
-        for k in f.keys():
-            if k.startswith("decoder."):
-                sd[k[len("decoder."):]] = f.get_tensor(k)
-    decoder.load_state_dict(sd, strict=True)
-    decoder = decoder.to(device=device, dtype=dtype or torch.float32).eval()
-    return decoder, cfg
+    cfg = load_speech_tokenizer_config(checkpoint_dir)
+    decoder = _load(checkpoint_dir, device="cpu", st_config=cfg)
+    return decoder.to(device=device, dtype=dtype or torch.float32).eval(), cfg
 
 
 class TorchCodec:
