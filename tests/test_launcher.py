@@ -1,24 +1,14 @@
 """The launcher starts the real tritonserver (nvidia-pytriton wheel) and stops it cleanly."""
 
 import os
-import socket
 import textwrap
 
 import pytest
+from system_support import free_ports
 
 from qwen3_tts_triton import launcher
 
 pytestmark = pytest.mark.system
-
-
-def free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 ECHO = textwrap.dedent('''
