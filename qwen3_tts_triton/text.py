@@ -125,7 +125,7 @@ def load_text_tokenizer(checkpoint_dir: str | os.PathLike):
         raise TextTokenizerError(f"{d}: missing text tokenizer file(s) {', '.join(missing)}")
     from transformers import AutoTokenizer  # lazy: heavy import, and pure callers don't need it
 
-    tok = AutoTokenizer.from_pretrained(d)
+    tok = AutoTokenizer.from_pretrained(d, fix_mistral_regex=True)
     check_tokenizer(tok)
     return tok
 
