@@ -1,0 +1,437 @@
+#!/usr/bin/env python3
+"""End-to-end service benchmark: sweeps a running qwen3-tts-triton server over gRPC streaming.
+
+Closed loop (``--concurrency 1 4 8``): N workers, each with its own gRPC stream
+(``qwen3_tts_triton.client.StreamingClient``), send requests back to back until
+``--requests-per-level`` requests are done (or ``--duration`` seconds have passed).
+Open loop (``--rate 0.5 1 2``): requests arrive as a seeded Poisson process at R req/s
+(``--requests-per-level`` arrivals, or arrivals during ``--duration`` s), independent of how fast
+the server answers; they are spread over ``--streams`` gRPC streams.
+
+Each level starts with ``--warmup`` requests that are not measured. Texts come from the built-in
+English + Chinese set (``benchmark/texts.py``, ``--texts en|zh|all``) or ``--dataset FILE``
+(``id<TAB>text`` lines, seed-tts format), drawn with a seeded RNG. Metrics and their definitions:
+``qwen3_tts_triton/bench_metrics.py`` (TTFA, latency, RTF = latency / audio, playback underruns;
+mean/p50/p95/p99 with numpy's linear percentile; req/s; audio-seconds per wall-second).
+
+    python benchmark/benchmark_service.py --concurrency 1 4 8 --requests-per-level 32 --warmup 4 \
+        --out-json bench.json --out-csv bench.csv --plot bench.png
+    python benchmark/benchmark_service.py --rate 0.5 1 2 --duration 60 --seed 1
+    # random-weight checkpoints never stop on their own: force fixed-length requests
+    python benchmark/benchmark_service.py --concurrency 1 8 --fixed-frames 100
+    # Base voice cloning / cached voice (inputs passed through as given)
+    python benchmark/benchmark_service.py --task base --ref-audio ref.wav --ref-text "..." --concurrency 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_HERE)
+for _p in (_HERE, _ROOT):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from qwen3_tts_triton import bench_metrics as bm  # noqa: E402
+from texts import load_dataset, load_texts  # noqa: E402
+
+TASK_TYPES = {"customvoice": "CustomVoice", "voicedesign": "VoiceDesign", "base": "Base"}
+
+
+def _task_type(s: str) -> str:
+    key = s.replace("_", "").replace("-", "").lower()
+    if key not in TASK_TYPES:
+        raise argparse.ArgumentTypeError(f"unknown task type {s!r}: CustomVoice, VoiceDesign or Base")
+    return TASK_TYPES[key]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("--url", default="127.0.0.1:8001", help="gRPC address of the server")
+    p.add_argument("--model", default="tts")
+    load = p.add_mutually_exclusive_group()
+    load.add_argument("--concurrency", type=int, nargs="+", help="closed-loop levels (workers); default 1")
+    load.add_argument("--rate", type=float, nargs="+", help="open-loop levels: Poisson arrivals per second")
+    p.add_argument("--requests-per-level", type=int, default=16, help="measured requests per level (default 16)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="seconds per level instead of a request count (closed: stop sending after it; open: arrivals within it)")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured requests at the start of each level (default 2)")
+    p.add_argument("--streams", type=int, default=4, help="open loop: gRPC streams the arrivals are spread over")
+    p.add_argument("--seed", type=int, default=0, help="seed of text choice and Poisson arrivals")
+    p.add_argument("--texts", choices=["en", "zh", "all"], default="all", help="built-in text set")
+    p.add_argument("--dataset", help="'id<TAB>text' file (seed-tts format) instead of the built-in texts")
+    p.add_argument("--fixed-frames", type=int, default=None,
+                   help="send max_frames N with ignore_eos (fixed-length requests, for random-weight checkpoints)")
+    p.add_argument("--max-frames", type=int, default=None, help="max_frames without ignore_eos")
+    p.add_argument("--task-type", "--task", dest="task_type", type=_task_type,
+                   help="CustomVoice, VoiceDesign or Base (case-insensitive; default: the checkpoint's)")
+    p.add_argument("--speaker")
+    p.add_argument("--language", help="override the language (default: the text set's, or server default for --dataset)")
+    p.add_argument("--instruct")
+    p.add_argument("--ref-audio", help="Base: reference WAV (sent as ref_audio + ref_sample_rate)")
+    p.add_argument("--ref-text", help="Base: transcript of --ref-audio")
+    p.add_argument("--x-vector-only", action="store_true")
+    p.add_argument("--voice-id", help="Base: cached voice id (passed through)")
+    p.add_argument("--temperature", type=float)
+    p.add_argument("--top-k", type=int)
+    p.add_argument("--request-seed", type=int, default=None,
+                   help="per-request sampling seed = this + request index (default: server random)")
+    p.add_argument("--sample-format", choices=["float32", "int16"])
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each response")
+    p.add_argument("--out-json", help="write config, per-level aggregates and per-request rows")
+    p.add_argument("--out-csv", help="write one row per level")
+    p.add_argument("--plot", help="PNG: TTFA p50/p95 and audio-seconds per second vs load level")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    if not a.concurrency and not a.rate:
+        a.concurrency = [1]
+    if a.fixed_frames is not None and a.max_frames is not None:
+        p.error("--fixed-frames and --max-frames are exclusive")
+    if (a.requests_per_level is None or a.requests_per_level < 1) and a.duration is None:
+        p.error("--requests-per-level must be >= 1 (or give --duration)")
+    if a.ref_text and not a.ref_audio:
+        p.error("--ref-text needs --ref-audio")
+    return a
+
+
+def request_inputs(a: argparse.Namespace, ref: Optional[Tuple[object, int]] = None) -> Dict[str, object]:
+    """The per-run constant inputs (everything but text/language/seed)."""
+    kw: Dict[str, object] = dict(task_type=a.task_type, speaker=a.speaker, instruct=a.instruct,
+                                 ref_text=a.ref_text, voice_id=a.voice_id, temperature=a.temperature,
+                                 top_k=a.top_k, sample_format=a.sample_format)
+    if a.fixed_frames is not None:
+        kw["max_frames"], kw["ignore_eos"] = a.fixed_frames, True
+    elif a.max_frames is not None:
+        kw["max_frames"] = a.max_frames
+    if a.x_vector_only:
+        kw["x_vector_only"] = True
+    if ref is not None:
+        kw["ref_audio"], kw["ref_sample_rate"] = ref
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def read_ref_audio(path: str):
+    import soundfile as sf
+
+    wav, sr = sf.read(path, dtype="float32", always_2d=True)
+    return wav.mean(axis=1), int(sr)
+
+
+class TextPicker:
+    """Seeded, thread-safe choice of (id, text, language) per request index."""
+
+    def __init__(self, texts: Sequence[Tuple[str, str, Optional[str]]], seed: int, language: Optional[str]):
+        self.texts, self.language = list(texts), language
+        self.rng = random.Random(seed)
+        self.lock = threading.Lock()
+
+    def pick(self) -> Tuple[str, str, Optional[str]]:
+        with self.lock:
+            uid, text, lang = self.rng.choice(self.texts)
+        return uid, text, (self.language or lang)
+
+
+def _one_request(client, t0: float, picker: TextPicker, base_kw: Dict[str, object], index: int,
+                 a: argparse.Namespace, scheduled: Optional[float] = None,
+                 sent: Optional[Callable[[], None]] = None) -> bm.RequestRecord:
+    """Send one request on ``client`` and wait for it; never raises (errors become a record)."""
+    from qwen3_tts_triton.client import TtsError, build_inputs
+
+    uid, text, lang = picker.pick()
+    kw = dict(base_kw, text=text)
+    if lang:
+        kw["language"] = lang
+    if a.request_seed is not None:
+        kw["seed"] = a.request_seed + index
+    t_send = time.perf_counter()
+    try:
+        rid = client.send(build_inputs(**kw))
+    except Exception as e:  # connection refused, bad input type...
+        return bm.RequestRecord(t_send=t_send - t0, ok=False, error=str(e), error_code=getattr(e, "code", None) or "SEND",
+                                text_id=uid, scheduled=scheduled)
+    finally:
+        if sent is not None:
+            sent()
+    try:
+        res = client.receive(rid, t_send, a.timeout)
+    except TtsError as e:
+        return bm.RequestRecord(t_send=t_send - t0, ok=False, latency=time.perf_counter() - t_send, error=str(e),
+                                error_code=e.code or "ERROR", text_id=uid, scheduled=scheduled)
+    except Exception as e:  # queue.Empty on timeout, stream broken
+        code = "TIMEOUT" if type(e).__name__ == "Empty" else type(e).__name__
+        return bm.RequestRecord(t_send=t_send - t0, ok=False, error=str(e) or code, error_code=code,
+                                text_id=uid, scheduled=scheduled)
+    return bm.RequestRecord(t_send=t_send - t0, ok=True, latency=res.total, ttfa=res.ttfa,
+                            chunks=[(float(t), int(n)) for t, n in res.chunks], sample_rate=int(res.sample_rate),
+                            text_id=uid, scheduled=scheduled)
+
+
+def _progress(total: Optional[int], desc: str, disable: bool):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(total=total, desc=desc, unit="req", disable=disable, leave=False)
+    except ImportError:  # pragma: no cover
+        class _Null:
+            def update(self, n=1):
+                pass
+
+            def close(self):
+                pass
+        return _Null()
+
+
+def run_closed(level: int, a: argparse.Namespace, picker: TextPicker, base_kw: Dict[str, object],
+               client_factory: Callable[[], object], count: Optional[int], duration: Optional[float],
+               desc: str) -> Tuple[List[bm.RequestRecord], float]:
+    """``level`` workers, one stream each, back to back. Returns (records, wall seconds)."""
+    clients = [client_factory() for _ in range(level)]
+    records: List[bm.RequestRecord] = []
+    lock = threading.Lock()
+    state = {"next": 0}
+    bar = _progress(count, desc, a.no_progress)
+    t0 = time.perf_counter()
+    deadline = (t0 + duration) if duration is not None else None
+
+    def take() -> Optional[int]:
+        with lock:
+            if count is not None and state["next"] >= count:
+                return None
+            if deadline is not None and time.perf_counter() >= deadline:
+                return None
+            state["next"] += 1
+            return state["next"] - 1
+
+    def worker(k):
+        while True:
+            i = take()
+            if i is None:
+                return
+            r = _one_request(clients[k], t0, picker, base_kw, i, a)
+            with lock:
+                records.append(r)
+            bar.update(1)
+            if r.error_code == "SEND":  # the stream broke: open a new one for the next request
+                try:
+                    clients[k].close()
+                except Exception:
+                    pass
+                try:
+                    clients[k] = client_factory()
+                except Exception:
+                    pass
+
+    try:
+        threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(len(clients))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        bar.close()
+        for c in clients:
+            try:
+                c.close()
+            except Exception:
+                pass
+    for r in records:
+        r.level = level
+    return records, bm.wall_seconds(records)
+
+
+def poisson_arrivals(rate: float, seed: int, count: Optional[int], duration: Optional[float]) -> List[float]:
+    """Arrival times (s from the level start) of a Poisson process: exponential gaps with mean
+    1/rate, the first arrival at 0. ``count`` arrivals, or all arrivals before ``duration``."""
+    if rate <= 0:
+        raise ValueError("rate must be > 0")
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    while True:
+        if count is not None and len(out) >= count:
+            break
+        if duration is not None and t >= duration:
+            break
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def run_open(rate: float, a: argparse.Namespace, picker: TextPicker, base_kw: Dict[str, object],
+             client_factory: Callable[[], object], arrivals: Sequence[float],
+             desc: str) -> Tuple[List[bm.RequestRecord], float]:
+    """Send at the planned arrival times regardless of outstanding requests."""
+    clients = [client_factory() for _ in range(max(1, a.streams))]
+    records: List[bm.RequestRecord] = []
+    lock = threading.Lock()
+    bar = _progress(len(arrivals), desc, a.no_progress)
+    pool = ThreadPoolExecutor(max_workers=max(8, min(512, len(arrivals))))
+    t0 = time.perf_counter()
+    futures = []
+    try:
+        for i, at in enumerate(arrivals):
+            delay = t0 + at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            sent = threading.Event()
+            futures.append(pool.submit(_one_request, clients[i % len(clients)], t0, picker, base_kw, i, a,
+                                       at, sent.set))
+            sent.wait(timeout=5.0)  # keep the send itself on schedule order
+        for f in futures:
+            r = f.result()
+            with lock:
+                records.append(r)
+            bar.update(1)
+    finally:
+        pool.shutdown(wait=True)
+        bar.close()
+        for c in clients:
+            try:
+                c.close()
+            except Exception:
+                pass
+    for r in records:
+        r.level = rate
+    return records, bm.wall_seconds(records)
+
+
+def _ms(v) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def _f(v, fmt="{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+TABLE_HEAD = ("{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}"
+              .format("level", "ok", "fail", "req/s", "audio/s", "ttfa", "ttfa", "ttfa", "ttfa",
+                      "lat p50", "lat p95", "rtf", "underrun"))
+TABLE_HEAD2 = ("{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}"
+               .format("", "", "", "", "", "mean", "p50", "p95", "p99", "ms", "ms", "p50", "n/reqs"))
+
+
+def table_row(agg: Dict[str, object]) -> str:
+    t, lat, rtf = agg["ttfa"], agg["latency"], agg["rtf"]
+    lvl = agg["level"]
+    lvl_s = f"{lvl:g}" if isinstance(lvl, (int, float)) else str(lvl)
+    return ("{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}".format(
+        lvl_s, agg["ok"], agg["failures"], _f(agg["req_per_s"]), _f(agg["audio_s_per_s"]),
+        _ms(t["mean"]), _ms(t["p50"]), _ms(t["p95"]), _ms(t["p99"]), _ms(lat["p50"]), _ms(lat["p95"]),
+        _f(rtf["p50"], "{:.3f}"), f"{agg['underruns_total']}/{agg['requests_with_underrun']}"))
+
+
+def print_table(aggs: Sequence[Dict[str, object]], mode: str, file=sys.stdout) -> None:
+    unit = "concurrency" if mode == "closed" else "rate req/s"
+    print(f"\n{mode} loop; level = {unit}; ttfa/latency in ms; percentiles: numpy linear; "
+          "underrun = underruns/requests with one", file=file)
+    print(TABLE_HEAD, file=file)
+    print(TABLE_HEAD2, file=file)
+    for agg in aggs:
+        print(table_row(agg), file=file)
+        if agg["failure_codes"]:
+            print(f"{'':>7} failures: {agg['failure_codes']}", file=file)
+
+
+def write_plot(aggs: Sequence[Dict[str, object]], mode: str, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [agg["level"] for agg in aggs]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, style in (("p50", "o-"), ("p95", "s--")):
+        ys = [(agg["ttfa"][key] * 1000 if agg["ttfa"][key] is not None else float("nan")) for agg in aggs]
+        ax1.plot(xs, ys, style, label=f"TTFA {key}")
+    ax1.set_ylabel("time to first audio (ms)")
+    ax2.plot(xs, [agg["audio_s_per_s"] if agg["audio_s_per_s"] is not None else float("nan") for agg in aggs], "o-")
+    ax2.set_ylabel("audio seconds per wall second")
+    for ax in (ax1, ax2):
+        ax.set_xlabel("concurrency" if mode == "closed" else "arrival rate (req/s)")
+        ax.grid(True, alpha=0.3)
+    ax1.legend()
+    fig.suptitle(f"qwen3-tts-triton service benchmark ({mode} loop)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_csv(aggs: Sequence[Dict[str, object]], path: str) -> None:
+    rows = [bm.flat_level_row(agg) for agg in aggs]
+    cols: List[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def run(a: argparse.Namespace, client_factory: Optional[Callable[[], object]] = None, out=sys.stdout) -> Dict[str, object]:
+    """Run the sweep; return the JSON-able result. ``client_factory`` (tests) replaces
+    ``StreamingClient(a.url, a.model)``."""
+    if client_factory is None:
+        from qwen3_tts_triton.client import StreamingClient
+
+        def client_factory():
+            return StreamingClient(a.url, a.model)
+
+    texts = load_dataset(a.dataset) if a.dataset else load_texts(a.texts)
+    ref = read_ref_audio(a.ref_audio) if a.ref_audio else None
+    base_kw = request_inputs(a, ref)
+    mode = "closed" if a.concurrency else "open"
+    levels = list(a.concurrency or a.rate)
+    aggs, rows = [], []
+    for li, level in enumerate(levels):
+        picker = TextPicker(texts, a.seed * 1000 + li, a.language)
+        if a.warmup > 0:
+            wl = int(level) if mode == "closed" else max(1, min(a.streams, a.warmup))
+            run_closed(max(1, min(wl, a.warmup)), a, picker, base_kw, client_factory, a.warmup, None,
+                       f"warmup {level:g}")
+        if mode == "closed":
+            count = None if a.duration is not None else a.requests_per_level
+            recs, wall = run_closed(int(level), a, picker, base_kw, client_factory, count, a.duration,
+                                    f"concurrency {level:g}")
+        else:
+            count = None if a.duration is not None else a.requests_per_level
+            arrivals = poisson_arrivals(float(level), a.seed * 1000 + li, count, a.duration)
+            recs, wall = run_open(float(level), a, picker, base_kw, client_factory, arrivals, f"rate {level:g}")
+        agg = bm.aggregate(recs, wall, level=level, mode=mode)
+        aggs.append(agg)
+        rows += [bm.record_row(r) for r in sorted(recs, key=lambda r: r.t_send)]
+        if len(levels) > 1:
+            print_table([agg], mode, file=out)
+    print_table(aggs, mode, file=out)
+    config = {k: v for k, v in vars(a).items()}
+    result = {"config": config, "mode": mode, "percentile_method": f"numpy {bm.PERCENTILE_METHOD}",
+              "metric_definitions": "qwen3_tts_triton/bench_metrics.py", "levels": aggs, "requests": rows}
+    if a.out_json:
+        with open(a.out_json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1, ensure_ascii=False)
+    if a.out_csv:
+        write_csv(aggs, a.out_csv)
+    if a.plot:
+        write_plot(aggs, mode, a.plot)
+    return result
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    result = run(a)
+    total_fail = sum(agg["failures"] for agg in result["levels"])
+    total_ok = sum(agg["ok"] for agg in result["levels"])
+    return 0 if total_ok > 0 else (1 if total_fail else 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
