@@ -54,6 +54,7 @@ __all__ = [
     "validate_checkpoint",
     "load_checkpoint",
     "load_codec_decoder",
+    "load_reference_encoders",
 ]
 
 log = logging.getLogger(__name__)
@@ -334,6 +335,33 @@ def load_codec_decoder(path: str | os.PathLike, device: str | torch.device = "cp
                     "layout of speech_tokenizer/config.json")
     return _build_and_load(lambda: build_codec_decoder(st_config), file, [s.key for s in specs],
                            "decoder.", device, torch.float32)
+
+
+def load_reference_encoders(path: str | os.PathLike, device: str | torch.device = "cpu",
+                            speaker_dtype: torch.dtype = torch.float32) -> tuple[nn.Module, nn.Module]:
+    """Only the Base model's speaker encoder and the speech-tokenizer encoder (fp32), validated
+    first: what a server needs to turn reference audio into a prompt, without the talker."""
+    from .speaker_encoder import SpeakerEncoder
+
+    root = Path(path)
+    config = load_talker_config(root)
+    if config.speaker_encoder is None:
+        raise CheckpointError(f"{root}: {config.task_type} checkpoint has no speaker encoder (Base models only)")
+    main_file = root / "model.safetensors"
+    specs = [s for s in main_tensor_specs(config) if s.key.startswith("speaker_encoder.")]
+    header = {k: v for k, v in read_safetensors_header(main_file).items() if k.startswith("speaker_encoder.")}
+    _raise_problems(main_file, compare_header(header, specs), "speaker_encoder_config of config.json")
+    speaker = _build_and_load(lambda: SpeakerEncoder(config.speaker_encoder), main_file,
+                              [s.key for s in specs], "speaker_encoder.", device, speaker_dtype)
+    st_config = load_speech_tokenizer_config(root)
+    st_file = root / "speech_tokenizer" / "model.safetensors"
+    st_specs = speech_tokenizer_tensor_specs(st_config, decoder=False, encoder=True)
+    _raise_problems(st_file, compare_header(read_safetensors_header(st_file), st_specs,
+                                            ignore_prefixes=("decoder.",)),
+                    "layout of speech_tokenizer/config.json")
+    codec = _build_and_load(lambda: build_codec_encoder(st_config), st_file, [s.key for s in st_specs],
+                            "encoder.", device, torch.float32)
+    return speaker, codec
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",

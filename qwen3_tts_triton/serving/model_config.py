@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional, Tuple, Type, TypeVar
 
 from .admission import AdmissionConfig
 from .request import SAMPLE_FORMATS, TASK_TYPES, TtsLimits
+from .voice import MAX_VOICE_CACHE_SIZE
 
 T = TypeVar("T")
 
@@ -161,10 +162,18 @@ class TtsModelConfig:
     codec_frame_buckets: tuple = ()
     max_in_flight: int = 64
     max_queued: int = 64
+    # Base voice cloning: reference voices kept by voice_id (LRU; 0 = no cache) and where the
+    # speaker and codec encoders run (Base checkpoints only).
+    voice_cache_size: int = 256
+    encoder_device: str = "cpu"  # cpu | cuda
 
     def __post_init__(self):
         if not self.checkpoint:
             raise ModelConfigError("parameter 'checkpoint' is required (a checkpoint directory)")
+        if not 0 <= self.voice_cache_size <= MAX_VOICE_CACHE_SIZE:
+            raise ModelConfigError(f"parameter 'voice_cache_size' must be in [0, {MAX_VOICE_CACHE_SIZE}] "
+                                   f"(0 disables the voice cache), got {self.voice_cache_size}")
+        _choice("encoder_device", self.encoder_device, ("cpu", "cuda"))
         if self.default_task_type:
             _choice("default_task_type", self.default_task_type, TASK_TYPES)
         _choice("default_sample_format", self.default_sample_format, SAMPLE_FORMATS)

@@ -53,15 +53,27 @@ async def stream_audio(
     scheduler: _Scheduler,
     cancelled: Callable[[], bool] = lambda: False,
     samples_per_frame: int = SAMPLES_PER_FRAME,
+    prefix: Optional[np.ndarray] = None,
+    left_context_frames: int = 0,
 ) -> AsyncIterator[AudioChunk]:
-    """Yield trimmed audio chunks in order; the last one has ``final=True`` (possibly empty)."""
-    codes: List[np.ndarray] = []
+    """Yield trimmed audio chunks in order; the last one has ``final=True`` (possibly empty).
+
+    ``prefix`` (``[P, 16]``, Base in-context mode: the reference codes) is codec context only,
+    never audio: a chunk whose scheduled context reaches frame 0 takes up to
+    ``left_context_frames`` frames of context in total, the missing ones from the end of the
+    prefix, as the official wrapper decodes ``concat(ref_codes, generated)`` and drops the
+    reference's samples (spec 3.5). Windows stay within ``left_context_frames`` + chunk.
+    """
+    codes: List[np.ndarray] = [] if prefix is None else [np.asarray(prefix).reshape(-1, 16)]
+    n_prefix = 0 if prefix is None else codes[0].shape[0]
     total = 0
     sent_final = False
 
     async def run(chunk) -> AudioChunk:
-        window = np.concatenate(codes, axis=0)[chunk.context_start:chunk.end]
         left = chunk.start - chunk.context_start
+        extra = min(n_prefix, max(0, left_context_frames - left)) if chunk.context_start == 0 else 0
+        window = np.concatenate(codes, axis=0)[n_prefix + chunk.context_start - extra:n_prefix + chunk.end]
+        left += extra
         audio = await decode(window, left)
         expected = (chunk.end - chunk.start) * samples_per_frame
         if audio.shape != (expected,):

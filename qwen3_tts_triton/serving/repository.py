@@ -61,6 +61,7 @@ class RepositorySettings:
     left_context_frames: int = 72
     max_in_flight: int = 64
     max_queued: int = 64
+    voice_cache_size: int = 256  # Base checkpoints: reference voices kept by voice_id (0: none)
 
     def validate(self) -> None:
         for name, allowed in (("codec_backend", ("tensorrt", "python")), ("device", ("gpu", "cpu")),

@@ -19,6 +19,7 @@ __all__ = ["RequestError", "TtsLimits", "TtsRequest", "parse_tts_request", "TTS_
 
 TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
 SAMPLE_FORMATS = ("float32", "int16")
+MAX_VOICE_ID_CHARS = 256
 
 
 class RequestError(ValueError):
@@ -97,7 +98,8 @@ class TtsRequest:
     ref_audio: Optional[np.ndarray]  # float32 mono, at ref_sample_rate
     ref_sample_rate: Optional[int]
     ref_text: Optional[str]
-    x_vector_only: bool
+    # None when the client did not say: in-context with ref_audio, the stored mode with voice_id only
+    x_vector_only: Optional[bool]
     voice_id: Optional[str]
     sample_format: str
     stream: bool
@@ -218,7 +220,10 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
     ref_sr = v["ref_sample_rate"]
     ref_text = _text("ref_text", v["ref_text"], limits.max_text_chars, required=False)
     voice_id = v["voice_id"].strip() if v["voice_id"] and v["voice_id"].strip() else None
-    x_vector_only = bool(v["x_vector_only"]) if v["x_vector_only"] is not None else False
+    if voice_id is not None and (len(voice_id) > MAX_VOICE_ID_CHARS or not voice_id.isprintable()):
+        raise RequestError("voice_id", f"must be at most {MAX_VOICE_ID_CHARS} printable characters "
+                           f"(got {len(voice_id)} characters)")
+    x_vector_only = v["x_vector_only"]
     if ref_audio is not None:
         if ref_sr is None:
             raise RequestError("ref_sample_rate", "is required with ref_audio")
@@ -244,8 +249,12 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
             raise RequestError("ref_audio", "task_type Base needs ref_audio (with ref_sample_rate) or a cached voice_id")
         if ref_audio is not None and not x_vector_only and ref_text is None:
             raise RequestError("ref_text", "is required for in-context cloning; set x_vector_only=true to clone from the speaker embedding alone")
+        if ref_audio is None and ref_text is not None:
+            raise RequestError("ref_text", "is given without ref_audio; a cached voice_id carries the transcript "
+                               "stored with it (send ref_audio, ref_sample_rate and ref_text to replace it)")
     else:
-        for name, val in (("ref_audio", ref_audio), ("ref_text", ref_text), ("voice_id", voice_id)):
+        for name, val in (("ref_audio", ref_audio), ("ref_text", ref_text), ("voice_id", voice_id),
+                          ("x_vector_only", x_vector_only)):
             if val is not None:
                 raise RequestError(name, f"is only used with task_type Base, not {task}")
 

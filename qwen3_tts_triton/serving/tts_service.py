@@ -24,6 +24,7 @@ from .model_config import TtsModelConfig
 from .pipeline import Cancelled, stream_audio, to_sample_format
 from .request import RequestError, TtsRequest, parse_tts_request
 from .stateful_codec import LiveCounter, open_session
+from .voice import Encode, ResolvedVoice, VoiceCache, resolve_voice
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,10 @@ class Metrics:
     refused: Callable[[], None] = lambda: None
     aborted: Callable[[], None] = lambda: None
     codec_states_live: Callable[[int], None] = lambda n: None  # open stateful codec sessions
+    voice_cache_hit: Callable[[], None] = lambda: None
+    voice_cache_miss: Callable[[], None] = lambda: None
+    voice_cache_evicted: Callable[[int], None] = lambda n: None
+    voice_cache_size: Callable[[int], None] = lambda n: None
 
 
 def check_prompt(config: Qwen3TTSConfig, req: TtsRequest) -> None:
@@ -103,7 +108,11 @@ def talker_inputs(req: TtsRequest, speaker_embedding: Optional[np.ndarray] = Non
 class TtsService:
     def __init__(self, cfg: TtsModelConfig, model_config: Qwen3TTSConfig,
                  talker: TalkerClient, codec: CodecClient, metrics: Optional[Metrics] = None,
-                 prompt_check: Optional[Callable[[Qwen3TTSConfig, TtsRequest], None]] = check_prompt):
+                 prompt_check: Optional[Callable[[Qwen3TTSConfig, TtsRequest], None]] = check_prompt,
+                 encode: Optional[Encode] = None):
+        """``encode(audio, sample_rate, need_codes)`` runs the reference encoders (Base
+        checkpoints; ``encoders.ReferenceEncoders.encode_async``); results are cached by
+        ``voice_id`` in a ``cfg.voice_cache_size`` LRU."""
         self.cfg = cfg
         self.model_config = model_config
         self.limits = cfg.limits(model_config.task_type)
@@ -117,6 +126,12 @@ class TtsService:
         self.metrics = metrics or Metrics()
         self.prompt_check = prompt_check
         self.codec_states = LiveCounter(lambda n: self.metrics.codec_states_live(n))
+        self.encode = encode
+        m = self.metrics
+        self.voices = VoiceCache(cfg.voice_cache_size, on_hit=lambda: m.voice_cache_hit(),
+                                 on_miss=lambda: m.voice_cache_miss(),
+                                 on_evict=lambda n: m.voice_cache_evicted(n),
+                                 on_size=lambda n: m.voice_cache_size(n))
 
     def parse(self, inputs: Mapping[str, Any]) -> TtsRequest:
         req = parse_tts_request(inputs, self.limits)
@@ -146,16 +161,37 @@ class TtsService:
         rid = f"tts-{uuid.uuid4().hex[:16]}"
         finished = False
         session = None
+        voice: Optional[ResolvedVoice] = None
+        if req.task_type == "Base":
+            try:
+                voice = await self._resolve_voice(req)
+                req = voice.apply(req)
+            except Exception as e:  # noqa: BLE001 - RequestError (INVALID_ARG) or an encoder failure
+                if not isinstance(e, RequestError):
+                    log.exception("reference encoding of %s failed", rid)
+                send.error(e)
+                self.admission.release()
+                self.metrics.in_flight(self.admission.in_flight)
+                return
         try:
             session = open_session(self.codec)
             if getattr(session, "stateful", False):
                 self.codec_states.add(1)
-            frames = self.talker.stream(rid, talker_inputs(req))
+            prefix = None
+            if voice is not None and voice.ref_codes is not None:
+                prefix = voice.ref_codes  # decoder context only (spec 3.5)
+                if getattr(session, "stateful", False):
+                    await self._prime(session, prefix)
+                    prefix = None
+            frames = self.talker.stream(rid, talker_inputs(
+                req, None if voice is None else voice.speaker_embedding,
+                None if voice is None else voice.ref_codes))
             scheduler = ChunkScheduler(self.schedule)
             collected = []
             first = True
             n_frames = 0
-            async for chunk in stream_audio(frames, session.decode, scheduler, cancelled):
+            async for chunk in stream_audio(frames, session.decode, scheduler, cancelled, prefix=prefix,
+                                            left_context_frames=self.schedule.left_context_frames):
                 n_frames += chunk.num_frames
                 if chunk.samples.size and first:
                     first = False
@@ -197,6 +233,17 @@ class TtsService:
                     self.codec_states.add(-1)
             self.admission.release()
             self.metrics.in_flight(self.admission.in_flight)
+
+    async def _resolve_voice(self, req: TtsRequest) -> ResolvedVoice:
+        if self.encode is None:
+            raise RuntimeError("this tts model has no reference encoders (task_type Base needs them)")
+        return await resolve_voice(req, self.voices, self.encode)
+
+    async def _prime(self, session, prefix: np.ndarray) -> None:
+        """Feed the reference codes to a stateful codec session; their audio is dropped."""
+        step = max(1, self.cfg.chunk_frames)
+        for i in range(0, prefix.shape[0], step):
+            await session.decode(prefix[i:i + step], 0)
 
     async def _abort(self, rid: str) -> None:
         try:

@@ -172,7 +172,15 @@ class TritonPythonModel:
             codec = _StatefulCodecBLS(self.cfg.codec_model, self.cfg.checkpoint)
         else:
             codec = _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets)
-        self.service = TtsService(self.cfg, ckpt, _TalkerBLS(self.cfg.talker_model), codec, self.metrics)
+        self.encoders = None
+        if ckpt.task_type == "Base":  # voice cloning: encoders next to the voice cache (serving.md)
+            from qwen3_tts_triton.serving.encoders import ReferenceEncoders
+
+            runs = self._metrics
+            self.encoders = ReferenceEncoders(self.cfg.checkpoint, self.cfg.encoder_device,
+                                              on_run=lambda name: runs[f"enc_{name}"].increment(1))
+        self.service = TtsService(self.cfg, ckpt, _TalkerBLS(self.cfg.talker_model), codec, self.metrics,
+                                  encode=None if self.encoders is None else self.encoders.encode_async)
         # The service runs on its own event loop thread, so execute() returns at once (decoupled).
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
@@ -194,16 +202,33 @@ class TritonPythonModel:
                            description="Requests cancelled by the client", kind=M.COUNTER),
             "states": M(name="qwen3_tts_codec_states_live",
                         description="Streams holding stateful-codec state", kind=M.GAUGE),
+            "vhit": M(name="qwen3_tts_voice_cache_hits_total",
+                      description="Base requests whose voice_id was served from the voice cache (no encoder ran)",
+                      kind=M.COUNTER),
+            "vmiss": M(name="qwen3_tts_voice_cache_misses_total",
+                       description="Base requests with a voice_id not served from the voice cache", kind=M.COUNTER),
+            "vevict": M(name="qwen3_tts_voice_cache_evictions_total",
+                        description="Voices evicted from the voice cache (least recently used)", kind=M.COUNTER),
+            "vsize": M(name="qwen3_tts_voice_cache_entries", description="Voices in the voice cache",
+                       kind=M.GAUGE),
+            "enc": M(name="qwen3_tts_reference_encoder_runs_total",
+                     description="Reference encoder runs (encoder=speaker|codec)", kind=M.COUNTER),
         }
         f = self._families
         self._metrics = {k: (f[k].Metric(labels=labels, buckets=[0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
-                             if k == "ttfa" else f[k].Metric(labels=labels)) for k in f}
+                             if k == "ttfa" else f[k].Metric(labels=labels)) for k in f if k != "enc"}
+        for name in ("speaker", "codec"):
+            self._metrics[f"enc_{name}"] = f["enc"].Metric(labels={**labels, "encoder": name})
         m = self._metrics
         self.metrics = Metrics(first_audio=m["ttfa"].observe, frames=m["frames"].increment,
                                audio_seconds=m["secs"].increment, in_flight=m["infl"].set,
                                refused=lambda: m["refused"].increment(1),
                                aborted=lambda: m["cancelled"].increment(1),
-                               codec_states_live=m["states"].set)
+                               codec_states_live=m["states"].set,
+                               voice_cache_hit=lambda: m["vhit"].increment(1),
+                               voice_cache_miss=lambda: m["vmiss"].increment(1),
+                               voice_cache_evicted=m["vevict"].increment,
+                               voice_cache_size=m["vsize"].set)
 
     def execute(self, requests):
         for request in requests:
@@ -220,5 +245,7 @@ class TritonPythonModel:
     def finalize(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        if self.encoders is not None:
+            self.encoders.close()
         self._metrics.clear()  # metrics before their families
         self._families.clear()
