@@ -79,8 +79,11 @@ class NativeEngineConfig:
     * ``max_top_k``: candidates kept for sampling; a request's ``top_k``/``sub_top_k`` must not
       exceed it (set it to the vocabulary size to allow any top-k, at some cost).
     * ``seed``: seeds the keys of requests that carry no seed (reproducible engine runs).
-    * ``fast_math``: None -> True on CUDA: fused SDPA attention and a stacked gather for the
-      residual-codebook embeddings; False keeps the reference's exact op order (CPU default).
+    * ``fast_math``: None -> True on CUDA: fused SDPA attention, one-kernel RMSNorm
+      (``F.rms_norm`` with the weight) and a stacked gather for the residual-codebook embeddings;
+      False keeps the reference's op order and rounding (CPU default).
+    * ``fuse_weights``: q/k/v as one GEMM and gate/up as one GEMM (the fused tensors are built
+      once at load; False runs three and two GEMMs on views of them, for A/B timing).
     """
 
     max_num_seqs: int = 8
@@ -94,6 +97,7 @@ class NativeEngineConfig:
     max_trailing_tokens: int = 512
     max_top_k: int = 64
     fast_math: Optional[bool] = None
+    fuse_weights: bool = True
 
     def __post_init__(self):
         def bad(f, msg):
@@ -120,6 +124,9 @@ class NativeEngineConfig:
                 continue
             if not isinstance(v, (tuple, list)) or not v or not all(_pos_int(b) for b in v):
                 bad(f, f"must be a non-empty sequence of positive ints, got {v!r}")
+        for f in ("fuse_weights",):
+            if not isinstance(getattr(self, f), bool):
+                bad(f, f"must be a bool, got {getattr(self, f)!r}")
         if self.fast_math is not None and not isinstance(self.fast_math, bool):
             bad("fast_math", f"must be a bool or None, got {self.fast_math!r}")
 
@@ -189,14 +196,52 @@ def gumbel_noise(key: torch.Tensor, counter: torch.Tensor, cols: torch.Tensor) -
 # Model: fixed-shape step parts over slot tables
 # ------------------------------------------------------------------------------------------------
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, one_kernel: bool) -> torch.Tensor:
+    """Qwen3 RMSNorm over the last dim. ``one_kernel``: ``F.rms_norm`` with the weight (one fused
+    kernel; in bf16 the weight multiply is done before the cast, so the rounding can differ from
+    the reference). Otherwise normalise, cast, then scale, as the reference ``RMSNorm`` does
+    (bit-identical to it in fp32)."""
+    n = x.shape[-1]
+    if one_kernel:
+        return F.rms_norm(x, (n,), w, eps)
+    return F.rms_norm(x, (n,), None, eps) * w
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x ``[B, H, T, hd]``; cos/sin ``[B or 1, T, hd]`` (same formula as talker._apply_rotary)."""
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+def _pre_attn(x, ln_w, wqkv, qk_w, cos, sin, eps: float, heads: int, kv_heads: int, head_dim: int,
+              one_kernel_norm: bool, fused: bool):
+    """Input norm, QKV projection, QK-norm and RoPE of one decoder layer.
+
+    x ``[b, t, D]``; ``wqkv`` the concatenated q/k/v weights; ``qk_w [heads + kv_heads, hd]`` the
+    q_norm weight repeated per q head, then the k_norm weight per kv head; cos/sin
+    ``[b or 1, t, 1, hd]`` with the sign of rotate-half folded into sin (``sin[..., :hd/2]``
+    negated), so RoPE is ``x * cos + roll(x, hd/2) * sin``. Returns q ``[b, H, t, hd]``, k, v
+    ``[b, KV, t, hd]`` (transposed views)."""
+    b, t, _ = x.shape
+    h = _rms(x, ln_w, eps, one_kernel_norm)
+    nq, nk = heads * head_dim, kv_heads * head_dim
+    if fused:
+        qkv = F.linear(h, wqkv)
+    else:  # A/B: three GEMMs on views of the same weights
+        wq, wk, wv = wqkv.split((nq, nk, nk))
+        qkv = torch.cat((F.linear(h, wq), F.linear(h, wk), F.linear(h, wv)), dim=-1)
+    qk = qkv[..., :nq + nk].reshape(b, t, heads + kv_heads, head_dim)
+    qk = F.rms_norm(qk, (head_dim,), None, eps) * qk_w  # q_norm and k_norm in one pass
+    qk = qk * cos + torch.roll(qk, head_dim // 2, dims=-1) * sin
+    v = qkv[..., nq + nk:].reshape(b, t, kv_heads, head_dim)
+    return qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2), v.transpose(1, 2)
+
+
+def _post_attn(x, o, wo, ln_w, wgu, wdown, eps: float, inter: int, one_kernel_norm: bool, fused: bool):
+    """o-proj + residual, post-attention norm, SwiGLU MLP (gate/up as one GEMM) + residual.
+    ``o [b, H, t, hd]`` the attention output."""
+    b, _, t, _ = o.shape
+    x = x + F.linear(o.transpose(1, 2).reshape(b, t, -1), wo)
+    h = _rms(x, ln_w, eps, one_kernel_norm)
+    if fused:
+        g, u = F.linear(h, wgu).split(inter, dim=-1)
+    else:
+        g, u = F.linear(h, wgu[:inter]), F.linear(h, wgu[inter:])
+    return x + F.linear(F.silu(g) * u, wdown)
 
 
 def _attn_math(q, k, v, allowed, heads, kv_heads, head_dim):
@@ -210,6 +255,45 @@ def _attn_math(q, k, v, allowed, heads, kv_heads, head_dim):
         scores = scores.masked_fill(~allowed, _NEG_INF)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return probs @ vv
+
+
+class _Layer:
+    """One decoder layer's weights for the engine: q/k/v and gate/up concatenated once at load.
+
+    The reference modules' ``q_proj``/``k_proj``/``v_proj``/``gate_proj``/``up_proj`` weights are
+    re-pointed to views of the fused tensors (same values, same checkpoint names, no second copy
+    of the weights), so the reference model keeps working on the same storage."""
+
+    def __init__(self, layer):
+        a, mlp = layer.self_attn, layer.mlp
+        self.heads, self.kv_heads, self.head_dim = a.heads, a.kv_heads, a.head_dim
+        self.eps = float(layer.input_layernorm.eps)
+        self.inter = mlp.gate_proj.weight.shape[0]
+        with torch.no_grad():
+            self.wqkv = _fuse(a.q_proj, a.k_proj, a.v_proj)
+            self.wgu = _fuse(mlp.gate_proj, mlp.up_proj)
+            self.qk_w = torch.cat((a.q_norm.weight.expand(a.heads, -1),
+                                   a.k_norm.weight.expand(a.kv_heads, -1))).contiguous()
+        self.wo, self.wdown = a.o_proj.weight, mlp.down_proj.weight
+        self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+
+
+def _fuse(*linears) -> torch.Tensor:
+    w = torch.cat([m.weight.detach() for m in linears], dim=0)
+    o = 0
+    for m in linears:
+        n = m.weight.shape[0]
+        m.weight = torch.nn.Parameter(w[o:o + n], requires_grad=False)
+        o += n
+    return w
+
+
+def _rope_tables(rotary, n: int, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos, sign-folded sin ``[n, hd]`` for positions ``0..n-1`` (the reference rotary's values)."""
+    cos, sin = rotary(torch.arange(n, device=device)[None], dtype)
+    cos, sin = cos[0], sin[0].clone()
+    sin[:, :sin.shape[-1] // 2].neg_()
+    return cos.contiguous(), sin.contiguous()
 
 
 class NativeModel:
@@ -296,9 +380,17 @@ class NativeModel:
         self.eos_hot = eos_hot
         with torch.inference_mode():
             self.tts_pad = talker.embed_text(torch.tensor([tts_pad_token_id], device=dev))[0].clone()
-            cp = talker.code_predictor.model
-            pos16 = torch.arange(CP_POSITIONS, device=dev)[None]
-            self.cp_cos, self.cp_sin = cp.rotary_emb(pos16, dt)  # [1, 16, hd]
+            # RoPE tables (cos, sign-folded sin), gathered by position instead of recomputed
+            self.cos, self.sin = _rope_tables(talker.model.rotary_emb, M, dev, dt)  # [M, hd]
+            self.cp_cos, self.cp_sin = _rope_tables(talker.code_predictor.model.rotary_emb,
+                                                    CP_POSITIONS, dev, dt)  # [16, hd]
+        self.layers = [_Layer(l) for l in talker.model.layers]
+        self.cp_layers = [_Layer(l) for l in talker.code_predictor.model.layers]
+        self.norm_w = talker.model.norm.weight
+        self.norm_eps = float(talker.model.norm.eps)
+        self.cp_norm_w = talker.code_predictor.model.norm.weight
+        self.cp_norm_eps = float(talker.code_predictor.model.norm.eps)
+        self.fused = cfg.fuse_weights
         if self.fast:
             self.res_tables = torch.stack([e.weight for e in talker.code_predictor.model.codec_embedding])
             self.res_offsets = torch.arange(self.R, device=dev) * self.cpV
@@ -316,20 +408,14 @@ class NativeModel:
             t[dst].copy_(t[src])
 
     # -- layers ------------------------------------------------------------------------------
-    def _qkv(self, layer, x, cos, sin):
-        a = layer.self_attn
-        b, t, _ = x.shape
-        hx = layer.input_layernorm(x)
-        q = a.q_norm(a.q_proj(hx).view(b, t, a.heads, a.head_dim)).transpose(1, 2)
-        k = a.k_norm(a.k_proj(hx).view(b, t, a.kv_heads, a.head_dim)).transpose(1, 2)
-        v = a.v_proj(hx).view(b, t, a.kv_heads, a.head_dim).transpose(1, 2)
-        return _rope(q, cos, sin), _rope(k, cos, sin), v
+    def _qkv(self, ly: _Layer, x, cos, sin):
+        """cos/sin ``[b or 1, t, 1, hd]`` (rows of the RoPE tables)."""
+        return _pre_attn(x, ly.ln1, ly.wqkv, ly.qk_w, cos, sin, ly.eps, ly.heads, ly.kv_heads,
+                         ly.head_dim, self.fast, self.fused)
 
-    def _finish_layer(self, layer, x, attn_out):
-        a = layer.self_attn
-        b, _, t, _ = attn_out.shape
-        x = x + a.o_proj(attn_out.transpose(1, 2).reshape(b, t, a.heads * a.head_dim))
-        return x + layer.mlp(layer.post_attention_layernorm(x))
+    def _finish_layer(self, ly: _Layer, x, attn_out):
+        return _post_attn(x, attn_out, ly.wo, ly.ln2, ly.wgu, ly.wdown, ly.eps, ly.inter, self.fast,
+                          self.fused)
 
     def _attend(self, a, q, k, v, allowed):
         if self.fast:
@@ -345,15 +431,15 @@ class NativeModel:
         L = prompt.shape[0]
         model = self.talker.model
         x = prompt.to(self.device, self.dtype)[None]
-        cos, sin = model.rotary_emb(torch.arange(L, device=self.device)[None], self.dtype)
+        cos, sin = self.cos[None, :L, None], self.sin[None, :L, None]
         allowed = torch.ones(L, L, dtype=torch.bool, device=self.device).tril()
-        for i, layer in enumerate(model.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+        for i, ly in enumerate(self.layers):
+            q, k, v = self._qkv(ly, x, cos, sin)
             self.k_cache[i, s, :, :L] = k[0]
             self.v_cache[i, s, :, :L] = v[0]
-            o = self._attend(layer.self_attn, q, k, v, allowed)
-            x = self._finish_layer(layer, x, o)
-        return model.norm(x)[0, -1]
+            o = self._attend(ly, q, k, v, allowed)
+            x = self._finish_layer(ly, x, o)
+        return _rms(x[0, -1], self.norm_w, self.norm_eps, self.fast)
 
     # -- sampling ----------------------------------------------------------------------------
     def _sample(self, scores, greedy, temp, top_k, top_p, key, counter, cols, K):
@@ -410,15 +496,15 @@ class NativeModel:
                 p0, t = j, 1
                 allowed = None
                 x = cp.small_to_mtp_projection(m.codec_embedding[j - 2](c))[:, None]
-            cos, sin = self.cp_cos[:, p0:p0 + t], self.cp_sin[:, p0:p0 + t]
-            for i, layer in enumerate(m.layers):
-                q, k, v = self._qkv(layer, x, cos, sin)
+            cos, sin = self.cp_cos[None, p0:p0 + t, None], self.cp_sin[None, p0:p0 + t, None]
+            for i, ly in enumerate(self.cp_layers):
+                q, k, v = self._qkv(ly, x, cos, sin)
                 self.cp_k[i, sl, :, p0:p0 + t] = k
                 self.cp_v[i, sl, :, p0:p0 + t] = v
-                o = self._attend(layer.self_attn, q, self.cp_k[i, sl, :, :p0 + t],
+                o = self._attend(ly, q, self.cp_k[i, sl, :, :p0 + t],
                                  self.cp_v[i, sl, :, :p0 + t], allowed)
-                x = self._finish_layer(layer, x, o)
-            hid = m.norm(x[:, -1:])[:, 0] if t > 1 else m.norm(x)[:, 0]
+                x = self._finish_layer(ly, x, o)
+            hid = _rms(x[:, -1], self.cp_norm_w, self.cp_norm_eps, self.fast)
             logits = cp.lm_head[j - 1](hid).float()
             c = self._sample(logits, sub_greedy, sub_temp, sub_k, ones, key, base + j,
                              self.colsR, self.KR)
@@ -447,17 +533,17 @@ class NativeModel:
             1, fi.clamp(max=T - 1)[:, None, None].expand(B, 1, self.D))[:, 0]
         text = torch.where((fi < ntr)[:, None], text, self.tts_pad[None])
         x = (self._embed_frame(self.frames[sl]) + text)[:, None]  # [B, 1, D]
-        cos, sin = model.rotary_emb(pos[:, None], self.dtype)
+        cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [B, 1, 1, hd]
         allowed = (self.key_idx[None, :C] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, C]
         ar = self.ar[sl]
-        for i, layer in enumerate(model.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+        for i, ly in enumerate(self.layers):
+            q, k, v = self._qkv(ly, x, cos, sin)
             kc, vc = self.k_cache[i, sl], self.v_cache[i, sl]
             kc[ar, :, pos] = k[:, :, 0]
             vc[ar, :, pos] = v[:, :, 0]
-            o = self._attend(layer.self_attn, q, kc[:, :, :C], vc[:, :, :C], allowed)
-            x = self._finish_layer(layer, x, o)
-        hn = model.norm(x)[:, 0]
+            o = self._attend(ly, q, kc[:, :, :C], vc[:, :, :C], allowed)
+            x = self._finish_layer(ly, x, o)
+        hn = _rms(x[:, 0], self.norm_w, self.norm_eps, self.fast)
         self.h_new[sl].copy_(hn)
         self.logits[sl].copy_(tk.codec_logits(hn).float())
 
