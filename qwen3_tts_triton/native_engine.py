@@ -84,6 +84,8 @@ class NativeEngineConfig:
       False keeps the reference's op order and rounding (CPU default).
     * ``fuse_weights``: q/k/v as one GEMM and gate/up as one GEMM (the fused tensors are built
       once at load; False runs three and two GEMMs on views of them, for A/B timing).
+    * ``skip_top_p``: decode steps whose sampled rows all have ``top_p == 1`` leave the top-p
+      filter out (a second graph variant per bucket, chosen on the host); False always runs it.
     """
 
     max_num_seqs: int = 8
@@ -98,6 +100,7 @@ class NativeEngineConfig:
     max_top_k: int = 64
     fast_math: Optional[bool] = None
     fuse_weights: bool = True
+    skip_top_p: bool = True
 
     def __post_init__(self):
         def bad(f, msg):
@@ -124,7 +127,7 @@ class NativeEngineConfig:
                 continue
             if not isinstance(v, (tuple, list)) or not v or not all(_pos_int(b) for b in v):
                 bad(f, f"must be a non-empty sequence of positive ints, got {v!r}")
-        for f in ("fuse_weights",):
+        for f in ("fuse_weights", "skip_top_p"):
             if not isinstance(getattr(self, f), bool):
                 bad(f, f"must be a bool, got {getattr(self, f)!r}")
         if self.fast_math is not None and not isinstance(self.fast_math, bool):
@@ -182,14 +185,42 @@ def hash_seed(seed: int) -> int:
     return int(_mix32(t[0] ^ _mix32(t[1] + 0x51ED27)))
 
 
-def gumbel_noise(key: torch.Tensor, counter: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """Gumbel(0, 1) noise ``[B, K]`` fp32 for request keys ``key [B]``, draw counters
-    ``counter [B]`` and candidate ranks ``cols [K]`` (all int64 on the same device)."""
-    s = _mix32(key ^ _mix32(counter + 0x3C6EF372))  # [B]
-    x = _mix32(s[:, None] ^ ((cols[None, :] * 0x9E3779B1) & _M32))
+def _gumbel(key: torch.Tensor, counter: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise ``[B, J, K]`` for keys ``key [B]``, draw counters ``counter [B, J]`` and
+    candidate ranks ``cols [K]``: every element depends only on its (key, counter, rank), so one
+    call for all 15 residual draws of a frame equals 15 separate calls bit for bit."""
+    s = _mix32(key[:, None] ^ _mix32(counter + 0x3C6EF372))  # [B, J]
+    x = _mix32(s[..., None] ^ ((cols * 0x9E3779B1) & _M32))
     x = _mix32(x + 0x6A09E667)
     u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)  # (0, 1)
     return -torch.log(-torch.log(u))
+
+
+def gumbel_noise(key: torch.Tensor, counter: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise ``[B, K]`` fp32 for request keys ``key [B]``, draw counters
+    ``counter [B]`` and candidate ranks ``cols [K]`` (all int64 on the same device)."""
+    return _gumbel(key, counter[:, None], cols)[:, 0]
+
+
+def _sample_ids(scores, greedy, temp, top_k, top_p, g, K: int, use_top_p: bool):
+    """Argmax where ``greedy``; else temperature, top-k (<= K, ties kept), optionally top-p,
+    Gumbel-max with noise ``g [B, K]``. ``scores [B, V]`` fp32; returns ids ``[B]`` int64.
+
+    ``use_top_p=False`` (every sampled row has ``top_p == 1``) skips the softmax/cumsum; with it,
+    rows whose ``top_p >= 1`` are left untouched, so a row samples the same whichever variant
+    its batch runs."""
+    arg = scores.argmax(dim=-1)
+    vals, idx = torch.topk(scores / temp[:, None], K, dim=-1)  # sorted, descending
+    kth = vals.gather(1, (top_k - 1).clamp(0, K - 1)[:, None])
+    keep = vals >= kth
+    if use_top_p:
+        probs = torch.softmax(vals.masked_fill(~keep, _NEG_INF), dim=-1)
+        excl = probs.cumsum(dim=-1) - probs
+        tp = top_p[:, None]
+        keep = keep & ((excl < tp) | (tp >= 1.0))
+        keep[:, 0] = True
+    choice = (vals + g).masked_fill(~keep, _NEG_INF).argmax(dim=-1)
+    return torch.where(greedy, arg, idx.gather(1, choice[:, None])[:, 0])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -371,6 +402,9 @@ class NativeModel:
         self.key_idx = torch.arange(M, device=dev)
         self.cols0 = torch.arange(self.K0, device=dev)
         self.colsR = torch.arange(self.KR, device=dev)
+        self.res_draws = torch.arange(1, self.R + 1, device=dev)
+        self.tril2 = torch.ones(2, 2, dtype=torch.bool, device=dev).tril()
+        self._noise, self._samp = _gumbel, _sample_ids
         special = torch.zeros(self.V, dtype=torch.bool, device=dev)
         special[self.cb:] = True
         special[self.eos] = False
@@ -400,6 +434,10 @@ class NativeModel:
         for t in self.state:
             t[s].zero_()
 
+    def reset_all(self) -> None:
+        for t in self.state:
+            t.zero_()
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copy slot ``src`` (KV positions ``[0, length)`` and every state row) onto ``dst``."""
         self.k_cache[:, dst, :, :length].copy_(self.k_cache[:, src, :, :length])
@@ -417,11 +455,23 @@ class NativeModel:
         return _post_attn(x, attn_out, ly.wo, ly.ln2, ly.wgu, ly.wdown, ly.eps, ly.inter, self.fast,
                           self.fused)
 
-    def _attend(self, a, q, k, v, allowed):
-        if self.fast:
-            mask = None if allowed is None else allowed
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        return _attn_math(q, k, v, allowed, a.heads, a.kv_heads, a.head_dim)
+    def _attend(self, a, q, k, v, allowed=None, causal=False, add_mask=None):
+        """Attention of q ``[b, H, t, hd]`` over k/v ``[b, KV, Tk, hd]``.
+
+        Exact math (``fast_math`` off): the reference arithmetic with the bool mask ``allowed``
+        (None: all keys). Fast: SDPA with no boolean mask: ``causal`` (Tq == Tk) as
+        ``is_causal``; ``add_mask`` (an additive float mask ``[b, 1, 1, Tk]``, one-row decode)
+        with the query heads of each kv group folded into the query length, so the call is
+        plain multi-head attention (no GQA expansion) that the fused kernels take."""
+        if not self.fast:
+            return _attn_math(q, k, v, allowed, a.heads, a.kv_heads, a.head_dim)
+        if add_mask is not None:
+            b = q.shape[0]
+            rep = a.heads // a.kv_heads
+            o = F.scaled_dot_product_attention(q.reshape(b, a.kv_heads, rep, a.head_dim), k, v,
+                                               attn_mask=add_mask)
+            return o.reshape(b, a.heads, 1, a.head_dim)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
     # -- prefill (eager, one request) ---------------------------------------------------------
     @torch.inference_mode()
@@ -437,27 +487,16 @@ class NativeModel:
             q, k, v = self._qkv(ly, x, cos, sin)
             self.k_cache[i, s, :, :L] = k[0]
             self.v_cache[i, s, :, :L] = v[0]
-            o = self._attend(ly, q, k, v, allowed)
+            o = self._attend(ly, q, k, v, allowed, causal=True)
             x = self._finish_layer(ly, x, o)
         return _rms(x[0, -1], self.norm_w, self.norm_eps, self.fast)
 
     # -- sampling ----------------------------------------------------------------------------
-    def _sample(self, scores, greedy, temp, top_k, top_p, key, counter, cols, K):
-        """Argmax where ``greedy``; else temperature, top-k (<= K), top-p, Gumbel-max.
-        ``scores [B, V]`` fp32 (already processed); returns ids ``[B]`` int64."""
-        arg = scores.argmax(dim=-1)
-        s = scores / temp[:, None]
-        vals, idx = torch.topk(s, K, dim=-1)  # sorted, descending
-        kth = vals.gather(1, (top_k - 1).clamp(0, K - 1)[:, None])
-        keep = vals >= kth
-        probs = torch.softmax(vals.masked_fill(~keep, _NEG_INF), dim=-1)
-        excl = probs.cumsum(dim=-1) - probs
-        keep = keep & (excl < top_p[:, None])
-        keep[:, 0] = True
-        g = gumbel_noise(key, counter, cols)
-        choice = (vals + g).masked_fill(~keep, _NEG_INF).argmax(dim=-1)
-        sampled = idx.gather(1, choice[:, None])[:, 0]
-        return torch.where(greedy, arg, sampled)
+    def _sample(self, scores, greedy, temp, top_k, top_p, key, counter, cols, K, use_top_p=True):
+        """Codebook-0 style sampling of ``scores [B, V]`` (already processed) with the noise of
+        draw ``counter [B]``; returns ids ``[B]`` int64 (see :func:`_sample_ids`)."""
+        g = self._noise(key, counter[:, None], cols)[:, 0]
+        return self._samp(scores, greedy, temp, top_k, top_p, g, K, use_top_p)
 
     def process_c0(self, logits, presence, ngen, min_new, suppress_eos, rep):
         """Reference codebook-0 processing (sampling.process_c0_logits) on ``[B, V]``, batched."""
@@ -467,12 +506,12 @@ class NativeModel:
         eos_off = (ngen < min_new) | suppress_eos
         return lf.masked_fill(self.special[None] | (self.eos_hot[None] & eos_off[:, None]), _NEG_INF)
 
-    def sample_c0(self, B: int, logits: torch.Tensor, ngen: torch.Tensor) -> torch.Tensor:
+    def sample_c0(self, B: int, logits: torch.Tensor, ngen: torch.Tensor, use_top_p: bool = True) -> torch.Tensor:
         sl = slice(0, B)
         scores = self.process_c0(logits, self.presence[sl], ngen, self.min_new[sl],
                                  self.suppress_eos[sl], self.rep[sl])
         return self._sample(scores, self.greedy[sl], self.temp[sl], self.top_k[sl], self.top_p[sl],
-                            self.key[sl], ngen * CP_POSITIONS, self.cols0, self.K0)
+                            self.key[sl], ngen * CP_POSITIONS, self.cols0, self.K0, use_top_p)
 
     # -- step parts ----------------------------------------------------------------------------
     def part_code_predictor(self, B: int) -> None:
@@ -483,15 +522,16 @@ class NativeModel:
         sl = slice(0, B)
         h, c0 = self.h[sl], self.c0[sl]
         sub_greedy, sub_temp, sub_k = self.sub_greedy[sl], self.sub_temp[sl], self.sub_top_k[sl]
-        ones = torch.ones_like(sub_temp)
-        key, base = self.key[sl], self.frame_idx[sl] * CP_POSITIONS
+        # the noise of all 15 residual draws (counters 16 * frame + j) in one pass
+        counters = self.frame_idx[sl, None] * CP_POSITIONS + self.res_draws[None]
+        noise = self._noise(self.key[sl], counters, self.colsR)  # [B, 15, KR]
         x = cp.small_to_mtp_projection(torch.stack([h, tk.model.codec_embedding(c0)], dim=1))
         codes = [c0]
         c = None
         for j in range(1, self.R + 1):
             if j == 1:
                 p0, t = 0, 2
-                allowed = torch.ones(2, 2, dtype=torch.bool, device=self.device).tril()
+                allowed = self.tril2
             else:
                 p0, t = j, 1
                 allowed = None
@@ -502,12 +542,12 @@ class NativeModel:
                 self.cp_k[i, sl, :, p0:p0 + t] = k
                 self.cp_v[i, sl, :, p0:p0 + t] = v
                 o = self._attend(ly, q, self.cp_k[i, sl, :, :p0 + t],
-                                 self.cp_v[i, sl, :, :p0 + t], allowed)
+                                 self.cp_v[i, sl, :, :p0 + t], allowed, causal=t > 1)
                 x = self._finish_layer(ly, x, o)
             hid = _rms(x[:, -1], self.cp_norm_w, self.cp_norm_eps, self.fast)
             logits = cp.lm_head[j - 1](hid).float()
-            c = self._sample(logits, sub_greedy, sub_temp, sub_k, ones, key, base + j,
-                             self.colsR, self.KR)
+            # residual draws never use top-p (top_p is 1): one top-k + Gumbel-max
+            c = self._samp(logits, sub_greedy, sub_temp, sub_k, None, noise[:, j - 1], self.KR, False)
             codes.append(c)
         self.frames[sl].copy_(torch.stack(codes, dim=1))
 
@@ -535,23 +575,29 @@ class NativeModel:
         x = (self._embed_frame(self.frames[sl]) + text)[:, None]  # [B, 1, D]
         cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [B, 1, 1, hd]
         allowed = (self.key_idx[None, :C] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, C]
+        add_mask = None
+        if self.fast:  # built once per step, shared by every layer
+            add_mask = torch.zeros(allowed.shape, device=self.device, dtype=self.dtype).masked_fill_(
+                ~allowed, _NEG_INF)
         ar = self.ar[sl]
         for i, ly in enumerate(self.layers):
             q, k, v = self._qkv(ly, x, cos, sin)
             kc, vc = self.k_cache[i, sl], self.v_cache[i, sl]
             kc[ar, :, pos] = k[:, :, 0]
             vc[ar, :, pos] = v[:, :, 0]
-            o = self._attend(ly, q, kc[:, :, :C], vc[:, :, :C], allowed)
+            o = self._attend(ly, q, kc[:, :, :C], vc[:, :, :C], allowed, add_mask=add_mask)
             x = self._finish_layer(ly, x, o)
         hn = _rms(x[:, 0], self.norm_w, self.norm_eps, self.fast)
         self.h_new[sl].copy_(hn)
         self.logits[sl].copy_(tk.codec_logits(hn).float())
 
-    def part_sample(self, B: int) -> None:
-        """Codebook-0 processing + sampling on ``logits``; advances every state row; ``out``."""
+    def part_sample(self, B: int, top_p: bool = True) -> None:
+        """Codebook-0 processing + sampling on ``logits``; advances every state row; ``out``.
+        ``top_p=False``: the top-p filter is left out (valid when every sampled row has
+        ``top_p == 1``; chosen on the host, so no device read)."""
         sl = slice(0, B)
         ngen = self.ngen[sl]
-        c0n = self.sample_c0(B, self.logits[sl], ngen)
+        c0n = self.sample_c0(B, self.logits[sl], ngen, top_p)
         self.out[sl, :self.G].copy_(self.frames[sl])
         self.out[sl, self.G].copy_((c0n == self.eos).to(torch.int64))
         self.presence[sl].scatter_(1, c0n[:, None], True)
@@ -561,10 +607,10 @@ class NativeModel:
         self.frame_idx[sl].add_(1)
         self.pos[sl].add_(1)
 
-    def step(self, B: int, C: int) -> None:
+    def step(self, B: int, C: int, top_p: bool = True) -> None:
         self.part_code_predictor(B)
         self.part_talker(B, C)
-        self.part_sample(B)
+        self.part_sample(B, top_p)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -572,42 +618,42 @@ class NativeModel:
 # ------------------------------------------------------------------------------------------------
 
 class _Graphs:
-    """One CUDA graph per (B, C) of the whole step, sharing a memory pool."""
+    """CUDA graphs keyed by tuples (a decode step per ``(B, C, top_p)``, a prefill per
+    ``("prefill", P, L)``), all sharing one memory pool: every graph writes its results to
+    static buffers allocated outside the pool, and replays never overlap (one stream)."""
 
-    def __init__(self, model: NativeModel, batch_sizes, ctx_sizes):
+    def __init__(self, model: NativeModel):
         self.model = model
-        self.graphs: Dict[Tuple[int, int], "torch.cuda.CUDAGraph"] = {}
+        self.graphs: Dict[tuple, "torch.cuda.CUDAGraph"] = {}
         self.pool = None
-        self.batch_sizes, self.ctx_sizes = batch_sizes, ctx_sizes
 
     @torch.inference_mode()
-    def capture_all(self, fn=None, keys=None) -> float:
+    def capture(self, fn, keys, order=None) -> float:
+        """Warm up (twice; compiles, cuBLAS handles, allocator) and capture ``fn(*key)`` for every
+        key, largest first (``order``: the sort key) so later graphs reuse the pool."""
         t0 = time.perf_counter()
         m = self.model
-        fn = fn or m.step
         stream = torch.cuda.Stream(device=m.device)
         stream.wait_stream(torch.cuda.current_stream(m.device))
-        keys = keys or [(b, c) for b in self.batch_sizes for c in self.ctx_sizes]
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up (cuBLAS handles, allocator) on every shape
-                for b, c in keys:
-                    fn(b, c)
+            for _ in range(2):
+                for k in keys:
+                    fn(*k)
         torch.cuda.current_stream(m.device).wait_stream(stream)
         torch.cuda.synchronize(m.device)
-        for b, c in sorted(keys, key=lambda k: (-k[0], -k[1])):  # largest first: pool reuse
+        for k in sorted(keys, key=order or (lambda k: tuple(-x for x in k))):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=self.pool):
-                fn(b, c)
+                fn(*k)
             if self.pool is None:
                 self.pool = g.pool()
-            self.graphs[(b, c)] = g
+            self.graphs[k] = g
         torch.cuda.synchronize(m.device)
-        for s in range(m.S):  # warm-up mutated the state tables
-            m.reset_slot(s)
+        m.reset_all()  # warm-up mutated the state tables
         return time.perf_counter() - t0
 
-    def replay(self, b: int, c: int) -> None:
-        self.graphs[(b, c)].replay()
+    def replay(self, key) -> None:
+        self.graphs[key].replay()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -628,6 +674,10 @@ class _Req:
     aborted: bool = False
     freed: Optional[asyncio.Event] = None
     t_submit: float = field(default_factory=time.perf_counter)
+
+    @property
+    def uses_top_p(self) -> bool:
+        return not self.req.greedy and self.req.top_p < 1.0
 
 
 _END = object()
@@ -692,8 +742,11 @@ class NativeEngine:
             p.requires_grad_(False)
         self.model = NativeModel(talker, c, tts_pad_id)
         if c.use_graphs:
-            self.graphs = _Graphs(self.model, c.batch_sizes(), c.ctx_sizes())
-            self.capture_seconds = self.graphs.capture_all()
+            self.graphs = _Graphs(self.model)
+            tps = (False, True) if c.skip_top_p else (True,)
+            keys = [(b, cc, tp) for b in c.batch_sizes() for cc in c.ctx_sizes() for tp in tps]
+            self.capture_seconds = self.graphs.capture(
+                self.model.step, keys, order=lambda k: (-k[0], -k[1], k[2]))
 
     async def start(self) -> None:
         if self._task is not None:
@@ -901,10 +954,12 @@ class NativeEngine:
         B = self._bucket(c.batch_sizes(), n)
         need = max(r.pos for r in self._active) + 1
         C = self._bucket(c.ctx_sizes(), need)
+        # top-p only when some sampled row asks for it (host-side request params: no device read)
+        tp = not c.skip_top_p or any(r.uses_top_p for r in self._active)
         if self.graphs is not None:
-            self.graphs.replay(B, C)
+            self.graphs.replay((B, C, tp))
         else:
-            self.model.step(B, C)
+            self.model.step(B, C, tp)
         self.steps += 1
         self.step_hist[(B, C)] = self.step_hist.get((B, C), 0) + 1
         return self.model.out[:n].cpu().numpy()

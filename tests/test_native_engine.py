@@ -104,6 +104,22 @@ def test_config_validation():
 
 
 def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
+    _check_join_and_leave(engine, ref, loop)
+
+
+@pytest.mark.parametrize("kw", [dict(fast_math=True), dict(fuse_weights=False, skip_top_p=False)],
+                         ids=["fast_math", "unfused"])
+def test_greedy_matches_reference_engine_variants(tiny_checkpoint, ref, loop, kw):
+    """The fast paths (SDPA with is_causal / an additive mask, one-kernel RMSNorm, stacked
+    residual gather) and the A/B knobs give the same greedy frames as the reference on CPU fp32."""
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(**kw)))
+    try:
+        _check_join_and_leave(eng, ref, loop)
+    finally:
+        eng.shutdown()
+
+
+def _check_join_and_leave(engine, ref, loop):
     talker, pad = ref
     d = talker.config.hidden_size
     # 6 requests over 4 slots: different prompt / trailing lengths and frame limits, staggered
