@@ -19,11 +19,16 @@ export PYTHONUNBUFFERED=1
 source .gpu-bundle/activate.sh > /dev/null
 SITE=$TRITON_HOME/venv/lib/python3.12/site-packages
 python -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -1
+# the image's transformers needs `tokenizers` for AutoTokenizer; carry its wheel in .whl/extra
+python -c "import tokenizers" 2>/dev/null || python -m pip install -q --no-index --no-deps .whl/extra/*.whl 2>&1 | tail -1
+python -c "from transformers import AutoTokenizer; import transformers, tokenizers; print('transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)" \
+  || { echo "transformers.AutoTokenizer does not import: the talker cannot load the text tokenizer" >&2; exit 1; }
 echo "$PWD" > "$SITE/qwen3_tts_triton_src.pth"     # the stub ignores PYTHONPATH; a .pth works
 python -c "import qwen3_tts_triton, torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"
 CKPT=/tmp/ckpt-$PRESET
 if [[ " $STAGES " == *" ckpt "* ]] && [ ! -f "$CKPT/.done" ]; then
-  /usr/bin/time -f "checkpoint: %e s" python scripts/make_random_checkpoint.py --preset "$PRESET" --out "$CKPT" --no-progress 2>&1 | tail -2
+  /usr/bin/time -f "checkpoint: %e s" python scripts/make_random_checkpoint.py --preset "$PRESET" --out "$CKPT" --no-progress 2>&1 | tail -5
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "random checkpoint failed" >&2; exit 1; }
   touch "$CKPT/.done"
 fi
 if [[ " $STAGES " == *" model "* ]]; then
@@ -38,6 +43,8 @@ if [[ " $STAGES " == *" service "* ]]; then
   setsid tritonserver --model-repository=/tmp/repo --backend-directory=$TRITON_HOME/triton/backends \
     --allow-gpu-metrics=false --http-port=18000 --grpc-port=18001 --metrics-port=18002 > "$OUT/server.log" 2>&1 &
   for i in $(seq 1 300); do curl -sf localhost:18000/v2/health/ready > /dev/null && break; sleep 1; done
+  curl -sf localhost:18000/v2/health/ready > /dev/null || { echo "server not ready after ${i}s" >&2;
+    grep -E "^E|Error" "$OUT/server.log" | head -20 | cut -c1-600; pkill -KILL -f tritonserver; exit 1; }
   echo "server ready after ${i}s"
   timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --concurrency $LEVELS \
     --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service.json" \
