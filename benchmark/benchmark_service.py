@@ -21,8 +21,10 @@ mean/p50/p95/p99 with numpy's linear percentile; req/s; audio-seconds per wall-s
     python benchmark/benchmark_service.py --concurrency 1 8 --fixed-frames 100
     # CPU, no server running: start one on a checkpoint (vLLM-CPU talker, Python codec), sweep, stop
     python benchmark/benchmark_service.py --serve-cpu build/ckpt-tiny --concurrency 1 2 4 --fixed-frames 40
-    # Base voice cloning / cached voice (inputs passed through as given)
-    python benchmark/benchmark_service.py --task base --ref-audio ref.wav --ref-text "..." --concurrency 1
+    # Base voice cloning, with and without the voice cache (--voice-cache both, the default with
+    # --ref-audio): "fresh" sends the reference with a new voice_id per request (both encoders run
+    # every time), "shared" stores it once and then sends one voice_id alone (no encoder runs)
+    python benchmark/benchmark_service.py --task base --ref-audio ref.wav --ref-text "..." --concurrency 1 4
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import random
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -84,7 +87,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ref-audio", help="Base: reference WAV (sent as ref_audio + ref_sample_rate)")
     p.add_argument("--ref-text", help="Base: transcript of --ref-audio")
     p.add_argument("--x-vector-only", action="store_true")
-    p.add_argument("--voice-id", help="Base: cached voice id (passed through)")
+    p.add_argument("--voice-id", help="Base: cached voice id (passed through; implies --voice-cache off)")
+    p.add_argument("--voice-cache", choices=["both", "fresh", "shared", "off"], default=None,
+                   help="Base with --ref-audio: 'fresh' = the reference and a new voice_id per request (encoders "
+                        "run every time), 'shared' = store the voice once, then send its voice_id alone (cache "
+                        "hits), 'both' = fresh then shared (default with --ref-audio), 'off' = inputs as given")
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-k", type=int)
     p.add_argument("--request-seed", type=int, default=None,
@@ -110,6 +117,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--requests-per-level must be >= 1 (or give --duration)")
     if a.ref_text and not a.ref_audio:
         p.error("--ref-text needs --ref-audio")
+    if a.voice_cache is None:
+        a.voice_cache = "both" if a.ref_audio and not a.voice_id else "off"
+    if a.voice_cache != "off" and (not a.ref_audio or a.voice_id):
+        p.error("--voice-cache fresh|shared|both needs --ref-audio and no --voice-id")
+    if a.voice_cache != "off" and not a.x_vector_only and not a.ref_text:
+        p.error("--voice-cache needs --ref-text (in-context cloning) or --x-vector-only")
     return a
 
 
@@ -162,6 +175,8 @@ def _one_request(client, t0: float, picker: TextPicker, base_kw: Dict[str, objec
         kw["language"] = lang
     if a.request_seed is not None:
         kw["seed"] = a.request_seed + index
+    if kw.pop("_fresh_voice_id", False):  # --voice-cache fresh: a voice the server has never seen
+        kw["voice_id"] = f"bench-{uuid.uuid4().hex}"
     t_send = time.perf_counter()
     try:
         rid = client.send(build_inputs(**kw))
@@ -356,13 +371,21 @@ def write_plot(aggs: Sequence[Dict[str, object]], mode: str, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    xs = [agg["level"] for agg in aggs]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, style in (("p50", "o-"), ("p95", "s--")):
-        ys = [(agg["ttfa"][key] * 1000 if agg["ttfa"][key] is not None else float("nan")) for agg in aggs]
-        ax1.plot(xs, ys, style, label=f"TTFA {key}")
+    groups: Dict[str, List[Dict[str, object]]] = {}
+    for agg in aggs:  # one series per --voice-cache pass (Base), else one
+        groups.setdefault(str(agg.get("voice_cache", "")), []).append(agg)
+    for name, group in groups.items():
+        xs = [agg["level"] for agg in group]
+        tag = f"{name}: " if name else ""
+        for key, style in (("p50", "o-"), ("p95", "s--")):
+            ys = [(agg["ttfa"][key] * 1000 if agg["ttfa"][key] is not None else float("nan")) for agg in group]
+            ax1.plot(xs, ys, style, label=f"{tag}TTFA {key}")
+        ax2.plot(xs, [agg["audio_s_per_s"] if agg["audio_s_per_s"] is not None else float("nan") for agg in group],
+                 "o-", label=name or None)
     ax1.set_ylabel("time to first audio (ms)")
-    ax2.plot(xs, [agg["audio_s_per_s"] if agg["audio_s_per_s"] is not None else float("nan") for agg in aggs], "o-")
+    if len(groups) > 1:
+        ax2.legend()
     ax2.set_ylabel("audio seconds per wall second")
     for ax in (ax1, ax2):
         ax.set_xlabel("concurrency" if mode == "closed" else "arrival rate (req/s)")
@@ -385,18 +408,80 @@ def write_csv(aggs: Sequence[Dict[str, object]], path: str) -> None:
         w.writerows(rows)
 
 
+def voice_cache_inputs(base_kw: Dict[str, object], which: str, shared_id: str) -> Dict[str, object]:
+    """Per-request constant inputs for one --voice-cache pass (``base_kw`` holds the reference)."""
+    if which == "fresh":
+        return dict(base_kw, _fresh_voice_id=True)
+    if which == "shared":  # the voice is stored beforehand: send its id alone
+        return {k: v for k, v in base_kw.items() if k not in ("ref_audio", "ref_sample_rate", "ref_text")} | {
+            "voice_id": shared_id}
+    return base_kw
+
+
+def store_voice(client_factory: Callable[[], object], base_kw: Dict[str, object], voice_id: str,
+                timeout: float) -> float:
+    """One request that stores the reference under ``voice_id``; returns its latency (s)."""
+    from qwen3_tts_triton.client import build_inputs
+
+    kw = dict(base_kw, voice_id=voice_id, text="Store this voice.", max_frames=2, ignore_eos=True)
+    c = client_factory()
+    try:
+        t0 = time.perf_counter()
+        c.receive(c.send(build_inputs(**kw)), t0, timeout)
+        return time.perf_counter() - t0
+    finally:
+        c.close()
+
+
 def run(a: argparse.Namespace, client_factory: Optional[Callable[[], object]] = None, out=sys.stdout) -> Dict[str, object]:
-    """Run the sweep; return the JSON-able result. ``client_factory`` (tests) replaces
-    ``StreamingClient(a.url, a.model)``."""
+    """Run the sweep (twice with ``--voice-cache both``); return the JSON-able result.
+    ``client_factory`` (tests) replaces ``StreamingClient(a.url, a.model)``."""
     if client_factory is None:
         from qwen3_tts_triton.client import StreamingClient
 
         def client_factory():
             return StreamingClient(a.url, a.model)
 
-    texts = load_dataset(a.dataset) if a.dataset else load_texts(a.texts)
     ref = read_ref_audio(a.ref_audio) if a.ref_audio else None
     base_kw = request_inputs(a, ref)
+    passes = {"both": ["fresh", "shared"], "off": ["off"]}.get(a.voice_cache, [a.voice_cache])
+    if passes == ["off"]:
+        return _sweep(a, client_factory, base_kw, out)
+    results = {}
+    shared_id = f"bench-shared-{uuid.uuid4().hex[:8]}"
+    for which in passes:
+        print(f"\nvoice cache: {which} "
+              f"({'a new voice_id with the reference per request: both encoders run every time' if which == 'fresh' else 'one stored voice_id sent alone: no encoder runs'})",
+              file=out)
+        if which == "shared":
+            store_voice(client_factory, base_kw, shared_id, a.timeout)
+        results[which] = _sweep(a, client_factory, voice_cache_inputs(base_kw, which, shared_id), out,
+                                write=False)
+    aggs = [dict(agg, voice_cache=w) for w, r in results.items() for agg in r["levels"]]
+    rows = [dict(row, voice_cache=w) for w, r in results.items() for row in r["requests"]]
+    result = dict(results[passes[0]], levels=aggs, requests=rows, voice_cache=passes)
+    if len(passes) == 2:
+        print("\nvoice cache comparison (per level): TTFA p50 ms, latency p50 ms", file=out)
+        for fa, sa in zip(results["fresh"]["levels"], results["shared"]["levels"]):
+            print(f"  level {fa['level']:g}: fresh {_ms(fa['ttfa']['p50'])} / {_ms(fa['latency']['p50'])}   "
+                  f"shared {_ms(sa['ttfa']['p50'])} / {_ms(sa['latency']['p50'])}", file=out)
+    _write_outputs(a, result, aggs)
+    return result
+
+
+def _write_outputs(a: argparse.Namespace, result: Dict[str, object], aggs: Sequence[Dict[str, object]]) -> None:
+    if a.out_json:
+        with open(a.out_json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=1, ensure_ascii=False)
+    if a.out_csv:
+        write_csv(aggs, a.out_csv)
+    if a.plot:
+        write_plot(aggs, result["mode"], a.plot)
+
+
+def _sweep(a: argparse.Namespace, client_factory: Callable[[], object], base_kw: Dict[str, object],
+           out=sys.stdout, write: bool = True) -> Dict[str, object]:
+    texts = load_dataset(a.dataset) if a.dataset else load_texts(a.texts)
     mode = "closed" if a.concurrency else "open"
     levels = list(a.concurrency or a.rate)
     aggs, rows = [], []
@@ -423,13 +508,8 @@ def run(a: argparse.Namespace, client_factory: Optional[Callable[[], object]] = 
     config = {k: v for k, v in vars(a).items()}
     result = {"config": config, "mode": mode, "percentile_method": f"numpy {bm.PERCENTILE_METHOD}",
               "metric_definitions": "qwen3_tts_triton/bench_metrics.py", "levels": aggs, "requests": rows}
-    if a.out_json:
-        with open(a.out_json, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1, ensure_ascii=False)
-    if a.out_csv:
-        write_csv(aggs, a.out_csv)
-    if a.plot:
-        write_plot(aggs, mode, a.plot)
+    if write:
+        _write_outputs(a, result, aggs)
     return result
 
 

@@ -2,6 +2,9 @@
 
     python -m qwen3_tts_triton.client --text "Hello there." --out out.wav
     python -m qwen3_tts_triton.client --text "..." --speaker eric --language chinese --http
+    # Base checkpoints: clone a voice (in-context), store it as "anna", then reuse it by id alone
+    python -m qwen3_tts_triton.client --text "..." --ref-audio anna.wav --ref-text "..." --voice-id anna
+    python -m qwen3_tts_triton.client --text "..." --voice-id anna
 
 Prints the time to first audio (send -> first non-empty chunk) and the real-time factor
 (wall time / audio duration). The library functions are used by the benchmarks and system tests.
@@ -65,8 +68,15 @@ def _array(name: str, value: Any) -> np.ndarray:
     dt = _INPUT_TYPES[name]
     if dt == "BYTES":
         return np.array([str(value).encode("utf-8")], dtype=object)
-    if name == "ref_audio":
-        return np.asarray(value, dtype=np.float32).reshape(-1)
+    if name == "ref_audio":  # mono samples in [-1, 1]; int16 PCM is scaled
+        a = np.asarray(value)
+        if a.ndim == 2 and a.shape[0] == 1:
+            a = a[0]
+        if a.ndim != 1:
+            raise ValueError(f"ref_audio must be mono [samples], got shape {list(a.shape)} (mix the channels first)")
+        if a.dtype == np.int16:
+            return a.astype(np.float32) / 32768.0
+        return a.astype(np.float32)
     return np.array([value], dtype=_NP[dt])
 
 

@@ -379,3 +379,15 @@ def test_service_in_context_primes_a_stateful_codec_session():
     assert sess.calls[:2] == [3, 2] and sess.closed  # 5 reference frames primed in chunk_frames pieces
     audio = np.concatenate([x[1] for x in s.items])
     np.testing.assert_array_equal(audio, fake_decode_full(np.concatenate([ref_codes, FRAMES]))[5 * SPF:])
+
+
+def test_client_builds_reference_inputs():
+    from qwen3_tts_triton.client import build_inputs
+
+    d = build_inputs(text="a", ref_audio=np.array([[16384, -32768]], np.int16), ref_sample_rate=16000,
+                     ref_text="words", x_vector_only=False, voice_id="anna")
+    np.testing.assert_array_equal(d["ref_audio"], np.array([0.5, -1.0], np.float32))
+    assert d["ref_sample_rate"].dtype == np.int32 and d["x_vector_only"].dtype == np.bool_
+    assert d["voice_id"][0] == b"anna" and d["ref_text"][0] == b"words"
+    with pytest.raises(ValueError, match="mono"):
+        build_inputs(text="a", ref_audio=np.zeros((2, 5), np.float32))

@@ -35,8 +35,12 @@ class ReferenceEncoders:
 
         self.device = torch.device(device)
         self.speaker, self.codec = load_reference_encoders(checkpoint, self.device)
-        self.on_run = on_run
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ref-encoders")
+        # Warm up (lazy codebook cache, kernels) before the model reports ready; not counted.
+        self.on_run = lambda name: None
+        t = np.arange(24000) / 24000.0
+        self.encode((0.1 * np.sin(2 * np.pi * 220.0 * t)).astype(np.float32), 24000, True)
+        self.on_run = on_run
 
     def encode(self, audio: np.ndarray, sample_rate: int, need_codes: bool
                ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
