@@ -20,9 +20,10 @@ source .gpu-bundle/activate.sh > /dev/null
 SITE=$TRITON_HOME/venv/lib/python3.12/site-packages
 python -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -1
 # The bundle's numpy 1.26 shadows the image's numpy 2, but the image's scipy (numpy 2 only, uses
-# np.long) is still importable; transformers imports sklearn -> scipy whenever sklearn is found,
-# which breaks AutoTokenizer. Hide sklearn (find_spec then returns None): nothing here needs it.
-echo "import sys; sys.modules.setdefault('sklearn', None)" > "$SITE/qwen3_tts_no_sklearn.pth"
+# np.long) is still importable; transformers imports sklearn and scipy whenever it finds them,
+# which breaks AutoTokenizer and MimiModel. Hide both (find_spec then returns None): nothing here
+# needs them.
+echo "import sys; sys.modules.setdefault('sklearn', None); sys.modules.setdefault('scipy', None)" > "$SITE/qwen3_tts_no_sklearn.pth"
 # the image's transformers needs `tokenizers` for AutoTokenizer; carry its wheel in .whl/extra
 python -c "import tokenizers" 2>/dev/null || python -m pip install -q --no-index --no-deps .whl/extra/*.whl 2>&1 | tail -1
 python -c "from transformers import AutoTokenizer; import transformers, tokenizers; print('transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)" \
