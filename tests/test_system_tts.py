@@ -99,6 +99,10 @@ BAD = [
     (dict(text="hi", task_type="Base", ref_audio=np.full(24000 * 40, 0.1, np.float32), ref_sample_rate=24000, ref_text="a"), "ref_audio"),
     (dict(text="hi", task_type="Base", ref_audio=np.where(np.arange(48000) == 3, np.nan, 0.1).astype(np.float32), ref_sample_rate=24000, ref_text="a"), "ref_audio"),
     (dict(text="hi", task_type="Base", ref_audio=np.full(48000, 0.1, np.float32), ref_sample_rate=12345, ref_text="a"), "ref_sample_rate"),
+    # reference inputs sent to this CustomVoice checkpoint (no task_type: the checkpoint's own)
+    (dict(text="hi", ref_audio=np.full(48000, 0.1, np.float32), ref_sample_rate=24000, x_vector_only=True), "ref_audio"),
+    (dict(text="hi", voice_id="anna"), "voice_id"),
+    (dict(text="hi", x_vector_only=True), "x_vector_only"),
     (dict(text="hi", temperature=-1.0), "temperature"),
     (dict(text="hi", temperature=float("nan")), "temperature"),
     (dict(text="hi", top_k=0), "top_k"),
