@@ -32,7 +32,7 @@ echo "$PWD" > "$SITE/qwen3_tts_triton_src.pth"     # the stub ignores PYTHONPATH
 python -c "import qwen3_tts_triton, torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"
 CKPT=/tmp/ckpt-$PRESET
 if [[ " $STAGES " == *" ckpt "* ]] && [ ! -f "$CKPT/.done" ]; then
-  /usr/bin/time -f "checkpoint: %e s" python scripts/make_random_checkpoint.py --preset "$PRESET" --out "$CKPT" --no-progress 2>&1 | tail -5
+  /usr/bin/time -f "checkpoint: %e s" python scripts/make_random_checkpoint.py --preset "$PRESET" --out "$CKPT" --overwrite --no-progress 2>&1 | tail -5
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "random checkpoint failed" >&2; exit 1; }
   touch "$CKPT/.done"
 fi
