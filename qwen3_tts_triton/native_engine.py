@@ -86,6 +86,11 @@ class NativeEngineConfig:
       once at load; False runs three and two GEMMs on views of them, for A/B timing).
     * ``skip_top_p``: decode steps whose sampled rows all have ``top_p == 1`` leave the top-p
       filter out (a second graph variant per bucket, chosen on the host); False always runs it.
+    * ``compile``: wrap the decode step's per-layer blocks (pre-attention: norm, QKV, QK-norm,
+      RoPE; post-attention: o-proj, norm, MLP) and the noise/sampling functions in
+      ``torch.compile(dynamic=False, fullgraph=True)`` (``compile_backend``, default inductor);
+      they are compiled during the graph warm-up, before capture. KV writes and SDPA stay eager;
+      prefill stays uncompiled. Meant for CUDA (inductor on CPU needs a C++ compiler).
     """
 
     max_num_seqs: int = 8
@@ -101,6 +106,8 @@ class NativeEngineConfig:
     fast_math: Optional[bool] = None
     fuse_weights: bool = True
     skip_top_p: bool = True
+    compile: bool = False
+    compile_backend: str = "inductor"
 
     def __post_init__(self):
         def bad(f, msg):
@@ -127,7 +134,9 @@ class NativeEngineConfig:
                 continue
             if not isinstance(v, (tuple, list)) or not v or not all(_pos_int(b) for b in v):
                 bad(f, f"must be a non-empty sequence of positive ints, got {v!r}")
-        for f in ("fuse_weights", "skip_top_p"):
+        if not isinstance(self.compile_backend, str) or not self.compile_backend:
+            bad("compile_backend", f"must be a torch.compile backend name, got {self.compile_backend!r}")
+        for f in ("fuse_weights", "skip_top_p", "compile"):
             if not isinstance(getattr(self, f), bool):
                 bad(f, f"must be a bool, got {getattr(self, f)!r}")
         if self.fast_math is not None and not isinstance(self.fast_math, bool):
@@ -319,6 +328,29 @@ def _fuse(*linears) -> torch.Tensor:
     return w
 
 
+def _compiled(fn, backend: str):
+    """``torch.compile(fn, dynamic=False, fullgraph=True)``. Every batch bucket and block shape
+    is its own specialisation, so the recompile limits are raised; dynamo's config is
+    thread-local and the engine runs on executor threads, so the limits are set in the calling
+    thread on every call (a few attribute reads; with CUDA graphs only warm-up and capture call)."""
+    import torch._dynamo
+
+    dc = torch._dynamo.config
+    name = "recompile_limit" if hasattr(dc, "recompile_limit") else "cache_size_limit"
+    acc = ("accumulated_recompile_limit" if hasattr(dc, "accumulated_recompile_limit")
+           else "accumulated_cache_size_limit")
+    compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
+
+    def call(*args):
+        if getattr(dc, name) < 1024:
+            setattr(dc, name, 1024)
+        if hasattr(dc, acc) and getattr(dc, acc) < 8192:
+            setattr(dc, acc, 8192)
+        return compiled(*args)
+
+    return call
+
+
 def _rope_tables(rotary, n: int, device, dtype) -> Tuple[torch.Tensor, torch.Tensor]:
     """cos, sign-folded sin ``[n, hd]`` for positions ``0..n-1`` (the reference rotary's values)."""
     cos, sin = rotary(torch.arange(n, device=device)[None], dtype)
@@ -404,7 +436,11 @@ class NativeModel:
         self.colsR = torch.arange(self.KR, device=dev)
         self.res_draws = torch.arange(1, self.R + 1, device=dev)
         self.tril2 = torch.ones(2, 2, dtype=torch.bool, device=dev).tril()
-        self._noise, self._samp = _gumbel, _sample_ids
+        # the decode step's blocks (compiled with ``compile``); prefill calls the plain functions
+        self._pre, self._post, self._noise, self._samp = _pre_attn, _post_attn, _gumbel, _sample_ids
+        if cfg.compile:
+            self._pre, self._post, self._noise, self._samp = (
+                _compiled(f, cfg.compile_backend) for f in (_pre_attn, _post_attn, _gumbel, _sample_ids))
         special = torch.zeros(self.V, dtype=torch.bool, device=dev)
         special[self.cb:] = True
         special[self.eos] = False
@@ -446,14 +482,15 @@ class NativeModel:
             t[dst].copy_(t[src])
 
     # -- layers ------------------------------------------------------------------------------
-    def _qkv(self, ly: _Layer, x, cos, sin):
-        """cos/sin ``[b or 1, t, 1, hd]`` (rows of the RoPE tables)."""
-        return _pre_attn(x, ly.ln1, ly.wqkv, ly.qk_w, cos, sin, ly.eps, ly.heads, ly.kv_heads,
-                         ly.head_dim, self.fast, self.fused)
+    def _qkv(self, ly: _Layer, x, cos, sin, fn=None):
+        """cos/sin ``[b or 1, t, 1, hd]`` (rows of the RoPE tables); ``fn``: the block function
+        (default: the decode step's, compiled with ``compile``)."""
+        return (fn or self._pre)(x, ly.ln1, ly.wqkv, ly.qk_w, cos, sin, ly.eps, ly.heads, ly.kv_heads,
+                                 ly.head_dim, self.fast, self.fused)
 
-    def _finish_layer(self, ly: _Layer, x, attn_out):
-        return _post_attn(x, attn_out, ly.wo, ly.ln2, ly.wgu, ly.wdown, ly.eps, ly.inter, self.fast,
-                          self.fused)
+    def _finish_layer(self, ly: _Layer, x, attn_out, fn=None):
+        return (fn or self._post)(x, attn_out, ly.wo, ly.ln2, ly.wgu, ly.wdown, ly.eps, ly.inter,
+                                  self.fast, self.fused)
 
     def _attend(self, a, q, k, v, allowed=None, causal=False, add_mask=None):
         """Attention of q ``[b, H, t, hd]`` over k/v ``[b, KV, Tk, hd]``.
@@ -484,19 +521,22 @@ class NativeModel:
         cos, sin = self.cos[None, :L, None], self.sin[None, :L, None]
         allowed = torch.ones(L, L, dtype=torch.bool, device=self.device).tril()
         for i, ly in enumerate(self.layers):
-            q, k, v = self._qkv(ly, x, cos, sin)
+            q, k, v = self._qkv(ly, x, cos, sin, _pre_attn)
             self.k_cache[i, s, :, :L] = k[0]
             self.v_cache[i, s, :, :L] = v[0]
             o = self._attend(ly, q, k, v, allowed, causal=True)
-            x = self._finish_layer(ly, x, o)
+            x = self._finish_layer(ly, x, o, _post_attn)
         return _rms(x[0, -1], self.norm_w, self.norm_eps, self.fast)
 
     # -- sampling ----------------------------------------------------------------------------
-    def _sample(self, scores, greedy, temp, top_k, top_p, key, counter, cols, K, use_top_p=True):
+    def _sample(self, scores, greedy, temp, top_k, top_p, key, counter, cols, K, use_top_p=True,
+                plain=False):
         """Codebook-0 style sampling of ``scores [B, V]`` (already processed) with the noise of
-        draw ``counter [B]``; returns ids ``[B]`` int64 (see :func:`_sample_ids`)."""
-        g = self._noise(key, counter[:, None], cols)[:, 0]
-        return self._samp(scores, greedy, temp, top_k, top_p, g, K, use_top_p)
+        draw ``counter [B]``; returns ids ``[B]`` int64 (see :func:`_sample_ids`). ``plain``:
+        the uncompiled functions (prefill, whose shapes vary)."""
+        noise, samp = (_gumbel, _sample_ids) if plain else (self._noise, self._samp)
+        g = noise(key, counter[:, None], cols)[:, 0]
+        return samp(scores, greedy, temp, top_k, top_p, g, K, use_top_p)
 
     def process_c0(self, logits, presence, ngen, min_new, suppress_eos, rep):
         """Reference codebook-0 processing (sampling.process_c0_logits) on ``[B, V]``, batched."""
@@ -932,7 +972,7 @@ class NativeEngine:
         sl = slice(s, s + 1)
         scores = m.process_c0(logits, m.presence[sl], ngen, m.min_new[sl], m.suppress_eos[sl], m.rep[sl])
         c0 = m._sample(scores, m.greedy[sl], m.temp[sl], m.top_k[sl], m.top_p[sl], m.key[sl],
-                       ngen * CP_POSITIONS, m.cols0, m.K0)
+                       ngen * CP_POSITIONS, m.cols0, m.K0, plain=True)
         m.c0[s] = c0[0]
         m.presence[s, c0[0]] = True
         m.ngen[s] = 1
