@@ -98,7 +98,8 @@ class TalkerRequest:
 
     Codebook 0: ``temperature``/``top_k``/``top_p``/``repetition_penalty``/``min_new_tokens``,
     ``greedy`` overrides to argmax. Residual codebooks: ``sub_*`` (``sub_greedy=None`` follows
-    ``greedy``). ``seed=None``: unseeded codebook 0, residual noise seeded from the request id.
+    ``greedy``). ``seed`` drives the hashed noise of all 16 codebooks; ``None``: one random
+    63-bit draw per request.
     ``max_frames``: frames to produce at most (EOS may stop earlier).
     """
 
@@ -237,6 +238,9 @@ class TalkerEngine:
         self.channel_ids = list(range(self.codec_vocab, self.codec_vocab + NUM_CHANNEL))
         self.llm = None
         self._torch_dtype = None
+        # engine index -> last SchedulerStats seen (filled by _SchedulerProbe, see scheduler_state)
+        self._sched_stats: dict = {}
+        self._sched_steps = 0
 
     @classmethod
     async def create(cls, checkpoint_dir, config: EngineConfig = EngineConfig()) -> "TalkerEngine":
@@ -273,7 +277,8 @@ class TalkerEngine:
             kw["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
         if c.max_num_batched_tokens is not None:
             kw["max_num_batched_tokens"] = c.max_num_batched_tokens
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw))
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw),
+                                             stat_loggers=[self._scheduler_probe_factory()])
 
     # -- requests -------------------------------------------------------------------------
     def check_request(self, req: TalkerRequest):
@@ -372,6 +377,54 @@ class TalkerEngine:
     async def side_state_stats(self, collect: bool = False) -> list:
         """Per-worker slot-table stats (tests, monitoring); ``collect`` runs the cyclic GC first."""
         return await self.llm.collective_rpc("tts_side_state_stats", args=(collect,))
+
+    def _scheduler_probe_factory(self):
+        """A vLLM per-engine stat-logger factory that keeps the scheduler's latest stats.
+
+        EngineCore (scheduler, KV block pool) lives in a child process; vLLM attaches a
+        ``SchedulerStats`` (running / waiting queue lengths, KV block usage) to the outputs of
+        every engine step, and the frontend hands it to the stat loggers synchronously, before
+        the step's request outputs reach ``synthesize``'s consumer."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        eng = self
+
+        class _SchedulerProbe(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0):
+                self.engine_index = engine_index
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+                if scheduler_stats is not None:
+                    eng._sched_stats[engine_idx] = scheduler_stats
+                    eng._sched_steps += 1
+
+            def log_engine_initialized(self):
+                pass
+
+        return lambda vllm_config, engine_index: _SchedulerProbe(vllm_config, engine_index)
+
+    def scheduler_state(self) -> dict:
+        """vLLM's scheduler and KV block pool as of the engine's **last step** (tests, monitoring).
+
+        ``running`` / ``waiting`` (incl. deferred): the scheduler's queue lengths;
+        ``kv_blocks_total``: allocatable KV blocks (the pool minus vLLM's null block);
+        ``kv_blocks_in_use`` = total - free; ``kv_cache_usage`` = in_use / total;
+        ``steps``: scheduler reports seen so far (0: the engine has not stepped yet).
+        The numbers are taken inside the engine core after the step's finished requests were
+        freed. An engine core with no work does not step, so a request aborted while the engine
+        is idle shows up only after the next step (run one more request to flush)."""
+        if self.llm is None:
+            raise EngineError("engine not started (await engine.start())")
+        total = int(self.llm.vllm_config.cache_config.num_gpu_blocks or 0) - 1  # minus null block
+        out = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0, "kv_blocks_total": max(total, 0),
+               "kv_blocks_in_use": 0, "steps": self._sched_steps}
+        for st in self._sched_stats.values():
+            out["running"] += int(st.num_running_reqs)
+            out["waiting"] += int(st.num_waiting_reqs) + int(st.num_skipped_waiting_reqs)
+            out["kv_cache_usage"] = max(out["kv_cache_usage"], float(st.kv_cache_usage))
+        # vLLM reports usage = 1 - free / total (BlockPool.get_usage); recover the block count
+        out["kv_blocks_in_use"] = int(round(out["kv_cache_usage"] * out["kv_blocks_total"]))
+        return out
 
     def shutdown(self) -> None:
         if self.llm is not None:

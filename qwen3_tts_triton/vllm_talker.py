@@ -1,13 +1,15 @@
 """The Qwen3-TTS talker as a vLLM 0.32 model (design: ``docs/design/talker-vllm.md``).
 
-Four pieces live here, all in the vLLM worker process:
+Four pieces live here, all in the vLLM worker process (EngineCore's child, or EngineCore's own
+process with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
 
 * :class:`TalkerSideState` -- per-request decode state in device tables indexed by a *slot*
   (prompt length, frames done, last hidden ``h``, residual-code history, trailing text rows,
   residual sampling params).
 * :class:`TalkerSlotProcessor` -- a vLLM (MRV1) custom logits processor. Its ``update_state``
-  keeps the persistent batch's ``row -> slot`` map and assigns/frees slots; its ``apply`` adds
-  the codebook-0 repetition penalty over the request's own generated tokens (HF semantics).
+  keeps the persistent batch's ``row -> slot`` map and assigns/frees slots; its ``apply`` does
+  all codebook-0 processing before vLLM's argmax (repetition penalty over the request's own
+  generated tokens, min_new_tokens, temperature, top-k, top-p, hashed Gumbel noise; HF order).
 * :class:`Qwen3TTSTalkerForVLLM` -- vLLM ``Qwen3Model`` (paged attention) + code predictor run
   inside ``forward`` + ``compute_logits`` that appends the 16-column code channel.
 * :class:`TalkerWorkerExtension` -- ``collective_rpc`` hooks used by tests and monitoring.

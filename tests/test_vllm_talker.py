@@ -469,14 +469,33 @@ def test_aborts_leave_no_state(engine, ref, loop):
     outs = loop.run_until_complete(run())
     assert len(outs) == 200
     loop.run_until_complete(asyncio.sleep(0.5))
-    # vLLM tells the worker that a request finished with the *next* SchedulerOutput, so an
-    # idle engine still holds the requests that finished in its last step. One more request
-    # flushes them; afterwards only that request's own slot may remain.
+    # vLLM tells the worker that a request finished with the *next* SchedulerOutput, and an
+    # idle engine core does not step (nor report its scheduler state), so the requests aborted
+    # in its last step are only visible after one more step. One more request flushes them;
+    # afterwards only that request's own slot may remain in the worker.
     name, p, tr = prompts[0]
-    got = loop.run_until_complete(_collect(engine, TalkerRequest(
-        request_id="after", prompt_embeds=p, trailing=tr, max_frames=8, greedy=True)))
+    live = {}
+
+    async def flush():
+        frames = []
+        async for chunk in engine.synthesize(TalkerRequest(
+                request_id="after", prompt_embeds=p, trailing=tr, max_frames=8, greedy=True)):
+            if not live:  # the probe sees the one live request and its KV blocks
+                live.update(engine.scheduler_state())
+            frames.append(chunk)
+        return np.concatenate(frames)
+    got = loop.run_until_complete(flush())
     # The engine still serves exactly after the storm (slots recycled correctly).
     np.testing.assert_array_equal(got, reference_greedy(ref, p, tr, 8))
+    # The scheduler check can fail: while "after" streams it is running and holds blocks.
+    assert live["running"] == 1 and live["waiting"] == 0, live
+    assert 1 <= live["kv_blocks_in_use"] < live["kv_blocks_total"], live
+    # EngineCore (child process) after the flush request finished: empty queues, every KV
+    # block back in the pool (a leak of aborted requests' blocks would show here).
+    sched = engine.scheduler_state()
+    assert sched["steps"] > live["steps"], (live, sched)
+    assert sched["running"] == 0 and sched["waiting"] == 0, sched
+    assert sched["kv_blocks_in_use"] == 0 and sched["kv_cache_usage"] == 0.0, sched
     loop.run_until_complete(asyncio.sleep(0.2))
     stats = loop.run_until_complete(engine.side_state_stats(collect=True))
     for s in stats:
