@@ -91,6 +91,12 @@ class NativeEngineConfig:
       ``torch.compile(dynamic=False, fullgraph=True)`` (``compile_backend``, default inductor);
       they are compiled during the graph warm-up, before capture. KV writes and SDPA stay eager;
       prefill stays uncompiled. Meant for CUDA (inductor on CPU needs a C++ compiler).
+    * ``batched_prefill``: the requests admitted in one scheduler round are prefilled together,
+      right-padded to one length, in groups of at most ``prefill_max_tokens`` padded rows
+      (False: one prefill per request, for A/B timing).
+    * ``prefill_graphs``: None -> as ``cuda_graphs``: capture the prefill per (batch bucket,
+      length bucket) with ``P * L <= prefill_max_tokens`` (``prefill_len_sizes``); other
+      shapes run eagerly.
     """
 
     max_num_seqs: int = 8
@@ -108,12 +114,15 @@ class NativeEngineConfig:
     skip_top_p: bool = True
     compile: bool = False
     compile_backend: str = "inductor"
+    batched_prefill: bool = True
+    prefill_max_tokens: int = 4096
+    prefill_graphs: Optional[bool] = None
 
     def __post_init__(self):
         def bad(f, msg):
             raise EngineError(f"NativeEngineConfig.{f}: {msg}")
 
-        for f in ("max_num_seqs", "max_model_len", "max_trailing_tokens", "max_top_k"):
+        for f in ("max_num_seqs", "max_model_len", "max_trailing_tokens", "max_top_k", "prefill_max_tokens"):
             if not _pos_int(getattr(self, f)):
                 bad(f, f"must be a positive int, got {getattr(self, f)!r}")
         if self.max_model_len < 3:
@@ -136,7 +145,9 @@ class NativeEngineConfig:
                 bad(f, f"must be a non-empty sequence of positive ints, got {v!r}")
         if not isinstance(self.compile_backend, str) or not self.compile_backend:
             bad("compile_backend", f"must be a torch.compile backend name, got {self.compile_backend!r}")
-        for f in ("fuse_weights", "skip_top_p", "compile"):
+        if self.prefill_graphs is not None and not isinstance(self.prefill_graphs, bool):
+            bad("prefill_graphs", f"must be a bool or None, got {self.prefill_graphs!r}")
+        for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill"):
             if not isinstance(getattr(self, f), bool):
                 bad(f, f"must be a bool, got {getattr(self, f)!r}")
         if self.fast_math is not None and not isinstance(self.fast_math, bool):
@@ -149,6 +160,19 @@ class NativeEngineConfig:
     @property
     def use_graphs(self) -> bool:
         return self.cuda_graphs and self.device.startswith("cuda")
+
+    @property
+    def use_prefill_graphs(self) -> bool:
+        return self.use_graphs and (self.prefill_graphs is None or self.prefill_graphs)
+
+    def prefill_len_sizes(self) -> Tuple[int, ...]:
+        """Prompt-length buckets of the captured prefills: powers of two from 16 up to
+        ``min(max_model_len, prefill_max_tokens)``; longer prompts prefill eagerly."""
+        out, L = [], 16
+        while L <= min(self.max_model_len, self.prefill_max_tokens):
+            out.append(L)
+            L *= 2
+        return tuple(out)
 
     @property
     def use_fast_math(self) -> bool:
@@ -392,7 +416,10 @@ class NativeModel:
                 mod.inv_freq = mod._inv_freq(dev)
         dt = self.dtype
         L, kvh, hd = tc.num_hidden_layers, tc.num_key_value_heads, tc.head_dim
-        self.k_cache = torch.zeros(L, S, kvh, M, hd, device=dev, dtype=dt)
+        # slot S is a scratch slot: padded rows of a captured prefill bucket write there
+        S1 = S + 1
+        self.SCR = S
+        self.k_cache = torch.zeros(L, S1, kvh, M, hd, device=dev, dtype=dt)
         self.v_cache = torch.zeros_like(self.k_cache)
         cL, ckvh, chd = cpc.num_hidden_layers, cpc.num_key_value_heads, cpc.head_dim
         self.cp_k = torch.zeros(cL, S, ckvh, CP_POSITIONS, chd, device=dev, dtype=dt)
@@ -400,25 +427,25 @@ class NativeModel:
         T = cfg.max_trailing_tokens
         z = lambda *s, d=torch.int64: torch.zeros(*s, device=dev, dtype=d)  # noqa: E731
         # per-slot state
-        self.h = z(S, self.D, d=dt)
-        self.c0 = z(S)
-        self.frame_idx = z(S)       # frames emitted so far == index of the frame being built
-        self.pos = z(S)             # talker position the next input is written at
-        self.ngen = z(S)            # c0 tokens sampled so far
-        self.presence = z(S, self.V, d=torch.bool)
-        self.trailing = z(S, T, self.D, d=dt)
-        self.n_trailing = z(S)
-        self.key = z(S)
-        self.greedy = z(S, d=torch.bool)
-        self.sub_greedy = z(S, d=torch.bool)
-        self.suppress_eos = z(S, d=torch.bool)
-        self.min_new = z(S)
-        self.temp = torch.ones(S, device=dev, dtype=torch.float32)
-        self.top_k = torch.ones(S, device=dev, dtype=torch.int64)
-        self.top_p = torch.ones(S, device=dev, dtype=torch.float32)
-        self.rep = torch.ones(S, device=dev, dtype=torch.float32)
-        self.sub_temp = torch.ones(S, device=dev, dtype=torch.float32)
-        self.sub_top_k = torch.ones(S, device=dev, dtype=torch.int64)
+        self.h = z(S1, self.D, d=dt)
+        self.c0 = z(S1)
+        self.frame_idx = z(S1)       # frames emitted so far == index of the frame being built
+        self.pos = z(S1)             # talker position the next input is written at
+        self.ngen = z(S1)            # c0 tokens sampled so far
+        self.presence = z(S1, self.V, d=torch.bool)
+        self.trailing = z(S1, T, self.D, d=dt)
+        self.n_trailing = z(S1)
+        self.key = z(S1)
+        self.greedy = z(S1, d=torch.bool)
+        self.sub_greedy = z(S1, d=torch.bool)
+        self.suppress_eos = z(S1, d=torch.bool)
+        self.min_new = z(S1)
+        self.temp = torch.ones(S1, device=dev, dtype=torch.float32)
+        self.top_k = torch.ones(S1, device=dev, dtype=torch.int64)
+        self.top_p = torch.ones(S1, device=dev, dtype=torch.float32)
+        self.rep = torch.ones(S1, device=dev, dtype=torch.float32)
+        self.sub_temp = torch.ones(S1, device=dev, dtype=torch.float32)
+        self.sub_top_k = torch.ones(S1, device=dev, dtype=torch.int64)
         self.state = [self.h, self.c0, self.frame_idx, self.pos, self.ngen, self.presence,
                       self.trailing, self.n_trailing, self.key, self.greedy, self.sub_greedy,
                       self.suppress_eos, self.min_new, self.temp, self.top_k, self.top_p, self.rep,
@@ -431,6 +458,16 @@ class NativeModel:
         self.out = z(S, self.G + 1)  # frame codes + done flag (next c0 == EOS)
         # constants
         self.ar = torch.arange(S, device=dev)
+        # batched prefill inputs (static, for the captured prefill buckets): padded prompts
+        # [P, Lb, D] in a flat buffer, each row's slot (padding rows: the scratch slot) and last
+        # prompt index; the sampled c0 of each row comes back in pf_c0
+        self.pf_cap = max(cfg.prefill_max_tokens, M)
+        self.pf_x = torch.zeros(self.pf_cap * self.D, device=dev, dtype=dt)
+        self.pf_slots = torch.full((S,), S, device=dev, dtype=torch.int64)
+        self.pf_last = z(S)
+        self.pf_c0 = z(S)
+        self.zeros_i = z(S)
+        self.true_ = torch.ones((), device=dev, dtype=torch.bool)
         self.key_idx = torch.arange(M, device=dev)
         self.cols0 = torch.arange(self.K0, device=dev)
         self.colsR = torch.arange(self.KR, device=dev)
@@ -474,6 +511,10 @@ class NativeModel:
         for t in self.state:
             t.zero_()
 
+    def reset_rows(self, a: int, b: int) -> None:
+        for t in self.state:
+            t[a:b].zero_()
+
     def move_slot(self, src: int, dst: int, length: int) -> None:
         """Copy slot ``src`` (KV positions ``[0, length)`` and every state row) onto ``dst``."""
         self.k_cache[:, dst, :, :length].copy_(self.k_cache[:, src, :, :length])
@@ -510,23 +551,42 @@ class NativeModel:
             return o.reshape(b, a.heads, 1, a.head_dim)
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
-    # -- prefill (eager, one request) ---------------------------------------------------------
+    # -- prefill (a batch of new requests, padded to one length) ----------------------------
     @torch.inference_mode()
-    def prefill(self, s: int, prompt: torch.Tensor) -> torch.Tensor:
-        """Run the talker on ``prompt [L, D]`` for slot ``s``; writes KV ``[0, L)``; returns the
-        last final-norm hidden ``[D]``."""
-        L = prompt.shape[0]
-        model = self.talker.model
-        x = prompt.to(self.device, self.dtype)[None]
-        cos, sin = self.cos[None, :L, None], self.sin[None, :L, None]
-        allowed = torch.ones(L, L, dtype=torch.bool, device=self.device).tril()
+    def prefill_rows(self, P: int, Lb: int) -> None:
+        """Prefill ``P`` prompts padded (on the right, with zeros) to ``Lb`` rows, read from the
+        static inputs ``pf_x [P, Lb, D]``, ``pf_slots [P]`` and ``pf_last [P]`` (last real row).
+        Writes each row's KV ``[0, Lb)`` into its slot, ``h`` (final-norm hidden of the last
+        prompt row), and samples ``c0_0`` (no history; draw counter 0) into ``c0``, ``presence``,
+        ``ngen`` and ``pf_c0``. The sampling parameters of the slots must be written first.
+
+        Causal attention makes the right padding invisible to the real rows; the padded
+        positions' KV is garbage past the prompt, which decode overwrites (position ``pos``) or
+        masks (``key > pos``). Fixed shapes and index ops only: captured per (P, Lb) bucket.
+        Prefill always uses the plain (uncompiled) blocks."""
+        D = self.D
+        x = self.pf_x[:P * Lb * D].view(P, Lb, D)
+        slots, last = self.pf_slots[:P], self.pf_last[:P]
+        cos, sin = self.cos[None, :Lb, None], self.sin[None, :Lb, None]
+        allowed = None if self.fast else torch.ones(Lb, Lb, dtype=torch.bool, device=self.device).tril()
         for i, ly in enumerate(self.layers):
             q, k, v = self._qkv(ly, x, cos, sin, _pre_attn)
-            self.k_cache[i, s, :, :L] = k[0]
-            self.v_cache[i, s, :, :L] = v[0]
+            self.k_cache[i, :, :, :Lb].index_copy_(0, slots, k)
+            self.v_cache[i, :, :, :Lb].index_copy_(0, slots, v)
             o = self._attend(ly, q, k, v, allowed, causal=True)
             x = self._finish_layer(ly, x, o, _post_attn)
-        return _rms(x[0, -1], self.norm_w, self.norm_eps, self.fast)
+        hn = _rms(x[self.ar[:P], last], self.norm_w, self.norm_eps, self.fast)  # [P, D]
+        self.h.index_copy_(0, slots, hn)
+        logits = self.talker.codec_logits(hn).float()
+        ngen = self.zeros_i[:P]
+        scores = self.process_c0(logits, self.presence[slots], ngen, self.min_new[slots],
+                                 self.suppress_eos[slots], self.rep[slots])
+        c0 = self._sample(scores, self.greedy[slots], self.temp[slots], self.top_k[slots],
+                          self.top_p[slots], self.key[slots], ngen, self.cols0, self.K0, True, plain=True)
+        self.c0.index_copy_(0, slots, c0)
+        self.presence.index_put_((slots, c0), self.true_)
+        self.ngen.index_fill_(0, slots, 1)
+        self.pf_c0[:P].copy_(c0)
 
     # -- sampling ----------------------------------------------------------------------------
     def _sample(self, scores, greedy, temp, top_k, top_p, key, counter, cols, K, use_top_p=True,
@@ -747,6 +807,8 @@ class NativeEngine:
         self._rng = random.Random(config.seed)
         self.steps = 0
         self.step_hist: Dict[Tuple[int, int], int] = {}
+        self.prefill_hist: Dict[Tuple[int, int, bool], int] = {}  # (P, L, graph) -> calls
+        self.pf_graphs = False  # prefill graphs captured (keys ("prefill", P, L) in graphs)
 
     @classmethod
     async def create(cls, checkpoint_dir, config: NativeEngineConfig = NativeEngineConfig(),
@@ -787,6 +849,16 @@ class NativeEngine:
             keys = [(b, cc, tp) for b in c.batch_sizes() for cc in c.ctx_sizes() for tp in tps]
             self.capture_seconds = self.graphs.capture(
                 self.model.step, keys, order=lambda k: (-k[0], -k[1], k[2]))
+            if c.use_prefill_graphs:
+                m = self.model
+                keys = [("prefill", p, L) for L in c.prefill_len_sizes() for p in c.batch_sizes()
+                        if p * L <= c.prefill_max_tokens]
+                m.pf_x.zero_()
+                m.pf_slots.fill_(m.SCR)  # warm-up and capture write the scratch slot only
+                m.pf_last.zero_()
+                self.capture_seconds += self.graphs.capture(
+                    lambda _, p, L: m.prefill_rows(p, L), keys, order=lambda k: (-k[1] * k[2], -k[1]))
+                self.pf_graphs = True
 
     async def start(self) -> None:
         if self._task is not None:
@@ -944,41 +1016,99 @@ class NativeEngine:
         r.slot = -1
 
     @torch.inference_mode()
-    def _admit(self, r: _Req) -> Optional[np.ndarray]:
-        """Prefill ``r`` into the next slot; returns None, or an empty result when the first c0
-        is already EOS."""
+    def _admit_many(self, rs: List[_Req]) -> List[bool]:
+        """Put ``rs`` into the next free slots and prefill them, batched (groups within
+        ``prefill_max_tokens``). Returns, per request, whether its first c0 is already EOS (one
+        host sync for the whole admission)."""
         m = self.model
-        s = len(self._active)
-        req = r.req
-        m.reset_slot(s)
-        h = m.prefill(s, r.prompt)
-        L = r.prompt.shape[0]
-        sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
-        n_tr = r.trailing.shape[0]
-        if n_tr:
-            m.trailing[s, :n_tr] = r.trailing.to(m.device, m.dtype)
-        vals = {m.n_trailing: n_tr, m.key: r.key, m.greedy: bool(req.greedy),
-                m.sub_greedy: bool(sub_greedy), m.suppress_eos: bool(req.suppress_eos),
-                m.min_new: int(req.min_new_tokens), m.temp: float(req.temperature),
-                m.top_k: min(int(req.top_k), m.K0), m.top_p: float(req.top_p),
-                m.rep: float(req.repetition_penalty), m.sub_temp: float(req.sub_temperature),
-                m.sub_top_k: min(int(req.sub_top_k), m.KR), m.pos: L}
-        for t, v in vals.items():
-            t[s] = v
-        m.h[s] = h
-        # c0_0 from the last prompt row (no history yet)
-        ngen = torch.zeros(1, dtype=torch.int64, device=m.device)
-        logits = m.talker.codec_logits(h[None]).float()
-        sl = slice(s, s + 1)
-        scores = m.process_c0(logits, m.presence[sl], ngen, m.min_new[sl], m.suppress_eos[sl], m.rep[sl])
-        c0 = m._sample(scores, m.greedy[sl], m.temp[sl], m.top_k[sl], m.top_p[sl], m.key[sl],
-                       ngen * CP_POSITIONS, m.cols0, m.K0, plain=True)
-        m.c0[s] = c0[0]
-        m.presence[s, c0[0]] = True
-        m.ngen[s] = 1
-        r.slot, r.pos = s, L
-        self._active.append(r)
-        return int(c0[0]) == m.eos  # one host sync per admission
+        a, P = len(self._active), len(rs)
+        m.reset_rows(a, a + P)
+        cols: Dict[torch.Tensor, list] = {t: [] for t in (
+            m.n_trailing, m.key, m.greedy, m.sub_greedy, m.suppress_eos, m.min_new, m.temp, m.top_k,
+            m.top_p, m.rep, m.sub_temp, m.sub_top_k, m.pos)}
+        for i, r in enumerate(rs):
+            req = r.req
+            sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
+            n_tr = r.trailing.shape[0]
+            if n_tr:
+                m.trailing[a + i, :n_tr] = r.trailing.to(m.device, m.dtype)
+            L = r.prompt.shape[0]
+            for t, v in ((m.n_trailing, n_tr), (m.key, r.key), (m.greedy, bool(req.greedy)),
+                         (m.sub_greedy, bool(sub_greedy)), (m.suppress_eos, bool(req.suppress_eos)),
+                         (m.min_new, int(req.min_new_tokens)), (m.temp, float(req.temperature)),
+                         (m.top_k, min(int(req.top_k), m.K0)), (m.top_p, float(req.top_p)),
+                         (m.rep, float(req.repetition_penalty)), (m.sub_temp, float(req.sub_temperature)),
+                         (m.sub_top_k, min(int(req.sub_top_k), m.KR)), (m.pos, L)):
+                cols[t].append(v)
+            r.slot, r.pos = a + i, L
+            self._active.append(r)
+        for t, v in cols.items():  # one copy per table
+            t[a:a + P].copy_(torch.tensor(v, dtype=t.dtype))
+        i = 0
+        for group in self._prefill_groups(rs):
+            self._prefill(a + i, group)
+            i += len(group)
+        return [int(c) == m.eos for c in m.c0[a:a + P].cpu()]
+
+    def _pf_key(self, P: int, L: int):
+        """The captured prefill bucket ``("prefill", Pb, Lb)`` for P prompts of at most L rows,
+        or None (eager)."""
+        c = self.config
+        if self.graphs is None or not self.pf_graphs:
+            return None
+        Ls = [b for b in c.prefill_len_sizes() if b >= L]
+        Ps = [b for b in c.batch_sizes() if b >= P]
+        if not Ls or not Ps:
+            return None
+        key = ("prefill", Ps[0], Ls[0])
+        return key if key in self.graphs.graphs else None
+
+    def _pf_fits(self, P: int, L: int) -> bool:
+        if self.graphs is not None and self.pf_graphs:
+            return self._pf_key(P, L) is not None  # grow a group only while a graph covers it
+        return P * L <= self.config.prefill_max_tokens
+
+    def _prefill_groups(self, rs: List[_Req]) -> List[List[_Req]]:
+        """Consecutive groups that fit ``prefill_max_tokens`` padded rows (with prefill graphs:
+        that a captured bucket covers; a single longer prompt prefills eagerly); one request per
+        group with ``batched_prefill`` off."""
+        c = self.config
+        groups: List[List[_Req]] = []
+        cur: List[_Req] = []
+        cur_L = 0
+        for r in rs:
+            L = int(r.prompt.shape[0])
+            if cur and (not c.batched_prefill or not self._pf_fits(len(cur) + 1, max(cur_L, L))):
+                groups.append(cur)
+                cur, cur_L = [], 0
+            cur.append(r)
+            cur_L = max(cur_L, L)
+        if cur:
+            groups.append(cur)
+        return groups
+
+    def _prefill(self, s0: int, group: List[_Req]) -> None:
+        """One batched prefill of ``group`` into slots ``s0, s0 + 1, ...``: a graph replay of its
+        (P, L) bucket, or eager at the exact padded size."""
+        m = self.model
+        P = len(group)
+        Lmax = max(int(r.prompt.shape[0]) for r in group)
+        key = self._pf_key(P, Lmax)
+        Pb, Lb = (key[1], key[2]) if key is not None else (P, Lmax)
+        x = torch.zeros(Pb, Lb, m.D, dtype=m.dtype)
+        for i, r in enumerate(group):
+            x[i, :r.prompt.shape[0]] = r.prompt.to(m.dtype)
+        m.pf_x[:Pb * Lb * m.D].copy_(x.view(-1))
+        slots = [s0 + i for i in range(P)] + [m.SCR] * (Pb - P)
+        last = [int(r.prompt.shape[0]) - 1 for r in group] + [0] * (Pb - P)
+        m.pf_slots[:Pb].copy_(torch.tensor(slots, dtype=torch.int64))
+        m.pf_last[:Pb].copy_(torch.tensor(last, dtype=torch.int64))
+        if key is not None:
+            self.graphs.replay(key)
+        else:
+            m.prefill_rows(Pb, Lb)
+        k = (Pb, Lb, key is not None)
+        self.prefill_hist[k] = self.prefill_hist.get(k, 0) + 1
 
     def _bucket(self, sizes, n):
         for b in sizes:
@@ -1011,12 +1141,17 @@ class NativeEngine:
         for r in [r for r in self._active if r.aborted]:  # releases happen between steps only
             self._release(r)
             events.append((r, None, True))
+        live = []
         for r in admits:
             if r.aborted:
                 events.append((r, None, True))
-            elif self._admit(r):  # the first c0 is EOS: no frames
-                self._release(r)
-                events.append((r, None, True))
+            else:
+                live.append(r)
+        if live:
+            for r, eos in zip(live, self._admit_many(live)):
+                if eos:  # the first c0 is EOS: no frames
+                    self._release(r)
+                    events.append((r, None, True))
         if not self._active:
             return events
         out = self._run_step()

@@ -107,7 +107,8 @@ def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
     _check_join_and_leave(engine, ref, loop)
 
 
-@pytest.mark.parametrize("kw", [dict(fast_math=True), dict(fuse_weights=False, skip_top_p=False),
+@pytest.mark.parametrize("kw", [dict(fast_math=True),
+                                dict(fuse_weights=False, skip_top_p=False, batched_prefill=False),
                                 dict(compile=True, compile_backend="eager")],
                          ids=["fast_math", "unfused", "compile_traced"])
 def test_greedy_matches_reference_engine_variants(tiny_checkpoint, ref, loop, kw):
@@ -141,6 +142,88 @@ def _check_join_and_leave(engine, ref, loop):
         assert len(np.unique(got[:, 1:])) > 8
     assert engine.stats()["active"] == 0 and engine.stats()["waiting"] == 0
     assert max(b for b, _ in engine.step_hist) == 4  # the full bucket was used
+
+
+def test_greedy_burst_batched_prefill(engine, ref, loop):
+    """A simultaneous burst of 6 requests with different prompt lengths over 4 slots: the first 4
+    are prefilled as one right-padded batch, the rest as slots free up; every request's greedy
+    frames equal the reference's."""
+    talker, pad = ref
+    d = talker.config.hidden_size
+    specs = [(4, 2, 9), (19, 0, 7), (11, 5, 12), (2, 9, 6), (15, 3, 8), (8, 1, 10)]
+    reqs, wants = [], []
+    for i, (L, N, mf) in enumerate(specs):
+        pe, tr = _prompt(d, L, N, seed=300 + i)
+        reqs.append(TalkerRequest(request_id=f"burst{i}", prompt_embeds=pe, trailing=tr, max_frames=mf,
+                                  greedy=True))
+        wants.append(_reference(talker, pad, pe, tr, mf))
+    before = dict(engine.prefill_hist)
+
+    async def burst():
+        return await asyncio.gather(*(_collect(engine, r) for r in reqs))
+    outs = loop.run_until_complete(burst())
+    for i, (got, want) in enumerate(zip(outs, wants)):
+        np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
+    new = {k: n - before.get(k, 0) for k, n in engine.prefill_hist.items() if n > before.get(k, 0)}
+    assert any(P >= 4 for P, _, _ in new), new  # one batched prefill of the 4 first requests
+    assert (4, 19, False) in new, new  # padded to the longest of them (eager on CPU)
+    assert engine.stats()["active"] == 0 and engine.stats()["tracked"] == 0
+
+
+class _ReplayAsCalls:
+    """Stands in for the CUDA graphs on CPU: every (B, C, top_p) step and ("prefill", P, L)
+    bucket "replays" by calling the captured function, so the bucket selection, padding rows
+    (scratch slot) and grouping logic of graph mode run here."""
+
+    def __init__(self, m, cfg):
+        self.m = m
+        self.graphs = {(b, c, tp): None for b in cfg.batch_sizes() for c in cfg.ctx_sizes()
+                       for tp in (False, True)}
+        self.graphs.update({("prefill", p, L): None for L in cfg.prefill_len_sizes()
+                            for p in cfg.batch_sizes() if p * L <= cfg.prefill_max_tokens})
+        self.replayed = []
+
+    def replay(self, key):
+        assert key in self.graphs, key
+        self.replayed.append(key)
+        if key[0] == "prefill":
+            self.m.prefill_rows(key[1], key[2])
+        else:
+            self.m.step(*key)
+
+
+def test_greedy_prefill_buckets_as_in_graph_mode(tiny_checkpoint, ref, loop):
+    """Graph-mode admission on CPU (replays stood in by calls): a burst is grouped by captured
+    (P, L) buckets within prefill_max_tokens, padded rows go to the scratch slot, a prompt longer
+    than every bucket prefills eagerly, and all greedy frames still equal the reference's."""
+    talker, pad = ref
+    d = talker.config.hidden_size
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(prefill_max_tokens=64)))
+    try:
+        fake = _ReplayAsCalls(eng.model, eng.config)
+        eng.graphs, eng.pf_graphs = fake, True
+        # first 4: lengths 4, 9, 6 -> bucket (4, 16) with one padding row; 30 -> (1, 32); then
+        # 70 (> the largest bucket, 64) -> eager; 12 -> (1, 16) or (2, 16)
+        specs = [(4, 2, 9), (9, 0, 7), (6, 5, 12), (30, 9, 6), (70, 3, 5), (12, 1, 10)]
+        reqs, wants = [], []
+        for i, (L, N, mf) in enumerate(specs):
+            pe, tr = _prompt(d, L, N, seed=400 + i)
+            reqs.append(TalkerRequest(request_id=f"pb{i}", prompt_embeds=pe, trailing=tr, max_frames=mf,
+                                      greedy=True))
+            wants.append(_reference(talker, pad, pe, tr, mf))
+
+        async def burst():
+            return await asyncio.gather(*(_collect(eng, r) for r in reqs))
+        outs = loop.run_until_complete(burst())
+        for i, (got, want) in enumerate(zip(outs, wants)):
+            np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
+        assert eng.prefill_hist.get((4, 16, True)) == 1, eng.prefill_hist
+        assert eng.prefill_hist.get((1, 32, True)) == 1, eng.prefill_hist
+        assert eng.prefill_hist.get((1, 70, False)) == 1, eng.prefill_hist
+        assert any(k[0] != "prefill" for k in fake.replayed)
+        assert eng.stats()["active"] == 0 and eng.stats()["tracked"] == 0
+    finally:
+        eng.shutdown()
 
 
 def test_greedy_eos_and_min_new_tokens(tiny_checkpoint, ref, loop):
@@ -245,6 +328,13 @@ def test_seeded_sampling_reproducible(engine, ref, loop):
     np.testing.assert_array_equal(a, alone)
     assert not np.array_equal(a, c)
     assert a.min() >= 0 and a.max() < 2048
+    # a batch running the top-p variant (another request has top_p < 1) samples a top_p = 1
+    # request exactly as a batch without it does
+    async def with_top_p():
+        return await asyncio.gather(_collect(engine, req("s-e", 7)), _collect(engine, req("s-f", 9, top_p=0.5)))
+    e, f = loop.run_until_complete(with_top_p())
+    np.testing.assert_array_equal(e, a)
+    assert f.shape == (10, 16)
     # top_k=1 sampling is greedy
     g1 = loop.run_until_complete(_collect(engine, req("k1", 3, top_k=1, sub_top_k=1)))
     g0 = loop.run_until_complete(_collect(engine, req("k0", 3, greedy=True)))
