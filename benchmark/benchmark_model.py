@@ -122,13 +122,26 @@ def random_prompts(D: int, n: int = 4):
             for i in range(n)]
 
 
+def native_knobs(args) -> dict:
+    """NativeEngineConfig A/B knobs from the command line (defaults: the engine's)."""
+    kw = dict(fuse_weights=not args.no_fuse, skip_top_p=not args.no_skip_top_p, compile=args.compile,
+              batched_prefill=not args.no_batched_prefill, prefill_max_tokens=args.prefill_max_tokens)
+    if args.no_prefill_graphs:
+        kw["prefill_graphs"] = False
+    if args.exact_math:
+        kw["fast_math"] = False
+    if args.batch_buckets:
+        kw["batch_buckets"] = tuple(args.batch_buckets)
+    return kw
+
+
 async def make_engine(args, max_num_seqs: int):
     if args.engine == "native":
         from qwen3_tts_triton.native_engine import NativeEngine, NativeEngineConfig
 
         cfg = NativeEngineConfig(max_num_seqs=max_num_seqs, max_model_len=args.max_model_len,
                                  device=args.device, dtype=args.dtype, cuda_graphs=not args.no_graphs,
-                                 max_trailing_tokens=args.max_trailing)
+                                 max_trailing_tokens=args.max_trailing, **native_knobs(args))
         t0 = time.perf_counter()
         talker = random_talker(args)[0] if args.random_preset else None
         eng = await NativeEngine.create(args.checkpoint, cfg, talker=talker)
@@ -234,7 +247,8 @@ def profile_step(args) -> dict:
         raise SystemExit("--profile-step needs --device cuda")
     B_max = args.max_num_seqs or max(args.concurrency)
     cfg = NativeEngineConfig(max_num_seqs=B_max, max_model_len=args.max_model_len, device=args.device,
-                             dtype=args.dtype, cuda_graphs=False, max_trailing_tokens=args.max_trailing)
+                             dtype=args.dtype, cuda_graphs=False, max_trailing_tokens=args.max_trailing,
+                             **native_knobs(args))
     eng = NativeEngine(args.checkpoint, cfg, talker=random_talker(args)[0] if args.random_preset else None)
     eng._load()
     m = eng.model
@@ -254,15 +268,16 @@ def profile_step(args) -> dict:
         m.presence.zero_()
         m.presence[:, :200] = True
         m.temp.fill_(0.9); m.sub_temp.fill_(0.9); m.top_k.fill_(50); m.sub_top_k.fill_(50)
-        m.top_p.fill_(1.0); m.rep.fill_(1.05); m.min_new.fill_(2)
+        m.top_p.fill_(args.profile_top_p); m.rep.fill_(1.05); m.min_new.fill_(2)
         m.greedy.zero_(); m.sub_greedy.zero_(); m.suppress_eos.fill_(True)
         m.key.copy_(torch.tensor([hash_seed(i) for i in range(S)], device=dev))
         m.k_cache.normal_(0, 1)
         m.v_cache.normal_(0, 1)
 
     reset_state()
-    parts = {"full": lambda b: m.step(b, C), "talker": lambda b: m.part_talker(b, C),
-             "code_predictor": lambda b: m.part_code_predictor(b), "sampling": lambda b: m.part_sample(b)}
+    tp = args.profile_top_p < 1.0  # the graph variant the engine would pick for these requests
+    parts = {"full": lambda b: m.step(b, C, tp), "talker": lambda b: m.part_talker(b, C),
+             "code_predictor": lambda b: m.part_code_predictor(b), "sampling": lambda b: m.part_sample(b, tp)}
     rows = []
     pool = None
     keep = []  # graphs sharing a pool must stay alive while the pool is reused
@@ -295,21 +310,66 @@ def profile_step(args) -> dict:
         # self-checks on the last full replays
         with torch.inference_mode():
             m.pos.fill_(ctx0)
-            m.step(B, C)
+            m.step(B, C, tp)
         fr = m.out[:B, :16]
         assert bool(torch.isfinite(m.h[:B].float()).all()), "non-finite hidden state"
         assert bool(((fr >= 0) & (fr < 2048)).all()), "codes out of range"
         row["audio_s_per_s"] = B * SECONDS_PER_FRAME / (row["full"] / 1e3)
         rows.append(row)
     print(f"\nper-frame step, context {ctx0} (bucket {C}), {args.dtype}, median of {args.profile_iters} "
-          f"CUDA-event-timed graph replays; parts captured as separate graphs")
+          f"CUDA-event-timed graph replays; parts captured as separate graphs; knobs {native_knobs(args)}")
     print(f"{'B':>4} {'full ms':>9} {'talker':>9} {'code pred':>10} {'sampling':>9} {'sum parts':>10} "
           f"{'audio-s/s':>10} {'RTF':>7}")
     for r in rows:
         s = r["talker"] + r["code_predictor"] + r["sampling"]
         print(f"{r['B']:>4} {r['full']:>9.3f} {r['talker']:>9.3f} {r['code_predictor']:>10.3f} "
               f"{r['sampling']:>9.3f} {s:>10.3f} {r['audio_s_per_s']:>10.1f} {r['full'] / 80.0:>7.3f}")
-    return {"profile_step": rows}
+    prefill_rows = profile_prefill(args, m, cfg) if args.profile_prefill else []
+    return {"profile_step": rows, "profile_prefill": prefill_rows, "knobs": native_knobs(args)}
+
+
+def profile_prefill(args, m, cfg) -> list:
+    """Batched prefill per (P, L) bucket: one captured ``prefill_rows`` each, CUDA-event timed
+    (what a burst of P new requests of <= L prompt rows costs before their first decode step)."""
+    dev = m.device
+    rows = []
+    pool = None
+    keep = []
+    for L in args.profile_prefill:
+        for P in cfg.batch_sizes():
+            if P * L > cfg.prefill_max_tokens or L > cfg.max_model_len - 2:
+                continue
+            m.pf_x[:P * L * m.D].normal_(0, 0.05)
+            m.pf_slots[:P].copy_(torch.arange(P, device=dev))
+            m.pf_last[:P].fill_(L - 1)
+            with torch.inference_mode():
+                s = torch.cuda.Stream(device=dev)
+                s.wait_stream(torch.cuda.current_stream(dev))
+                with torch.cuda.stream(s):
+                    for _ in range(2):
+                        m.prefill_rows(P, L)
+                torch.cuda.current_stream(dev).wait_stream(s)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    m.prefill_rows(P, L)
+                pool = graph.pool()
+            keep.append(graph)
+            times = []
+            for i in range(max(10, args.profile_iters // 4) + 3):
+                st, en = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                st.record()
+                graph.replay()
+                en.record()
+                en.synchronize()
+                if i >= 3:
+                    times.append(st.elapsed_time(en))
+            rows.append({"P": P, "L": L, "ms": float(statistics.median(times))})
+    if rows:
+        print(f"\nbatched prefill (captured), {args.dtype}, median ms per call")
+        print(f"{'P':>4} {'L':>6} {'ms':>9} {'ms/request':>11}")
+        for r in rows:
+            print(f"{r['P']:>4} {r['L']:>6} {r['ms']:>9.3f} {r['ms'] / r['P']:>11.3f}")
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------
@@ -344,10 +404,10 @@ def check(args) -> dict:
                                                                   max_new_tokens=mf + 1)).numpy()
                 for p, t, mf in prompts]
 
-    async def run(graphs: bool, fast):
+    async def run(graphs: bool, fast, compiled=False):
         cfg = NativeEngineConfig(max_num_seqs=4, max_model_len=128, device=args.device, dtype=args.dtype,
                                  cuda_graphs=graphs, batch_buckets=(1, 2, 4), ctx_buckets=(64,),
-                                 max_trailing_tokens=16, fast_math=fast)
+                                 max_trailing_tokens=16, fast_math=fast, compile=compiled)
         eng = await NativeEngine.create(None, cfg, talker=talker)
         try:
             async def one(i, p, t, mf):
@@ -365,12 +425,14 @@ def check(args) -> dict:
             eng.shutdown()
 
     report = {}
-    variants = [("eager", False, None), ("graphs", True, None)]
+    variants = [("eager", False, None, False), ("graphs", True, None, False)]
     if args.device.startswith("cuda"):
-        variants.append(("graphs-exactmath", True, False))
+        variants.append(("graphs-exactmath", True, False, False))
+        if args.compile:  # reported, not required to equal eager (inductor reorders arithmetic)
+            variants.append(("graphs-compiled", True, None, True))
     outs = {}
-    for name, graphs, fast in variants:
-        res, hist = asyncio.run(run(graphs, fast))
+    for name, graphs, fast, compiled in variants:
+        res, hist = asyncio.run(run(graphs, fast, compiled))
         outs[name] = res
         same_ref = [bool(r.shape == w.shape and np.array_equal(r, w)) for r, w in zip(res, refs)]
         frac = [float((r[:min(len(r), len(w))] == w[:min(len(r), len(w))]).all(1).mean()) if len(w) else 1.0
@@ -413,6 +475,21 @@ def parse_args(argv=None):
     ap.add_argument("--profile-step", action="store_true", help="native+CUDA: per-bucket step breakdown")
     ap.add_argument("--profile-ctx", type=int, default=300, help="context length for --profile-step")
     ap.add_argument("--profile-iters", type=int, default=100)
+    ap.add_argument("--profile-top-p", type=float, default=1.0,
+                    help="--profile-step: top_p of every row (< 1 times the top-p graph variant)")
+    ap.add_argument("--profile-prefill", type=int, nargs="*", default=[],
+                    help="--profile-step: also time the captured batched prefill at these prompt lengths")
+    # native engine A/B knobs (NativeEngineConfig)
+    ap.add_argument("--compile", action="store_true", help="native: torch.compile the per-layer blocks")
+    ap.add_argument("--no-fuse", action="store_true", help="native: separate q/k/v and gate/up GEMMs")
+    ap.add_argument("--no-skip-top-p", action="store_true", help="native: always run the top-p filter")
+    ap.add_argument("--exact-math", action="store_true", help="native: fast_math=False (reference op order)")
+    ap.add_argument("--no-batched-prefill", action="store_true", help="native: prefill one request at a time")
+    ap.add_argument("--no-prefill-graphs", action="store_true", help="native: eager prefill")
+    ap.add_argument("--batch-buckets", type=int, nargs="+", default=None,
+                    help="native: decode/prefill batch buckets (fewer -> faster capture and --compile)")
+    ap.add_argument("--prefill-max-tokens", type=int, default=4096,
+                    help="native: padded prompt rows per batched prefill (and largest captured bucket)")
     ap.add_argument("--random-preset", help="no checkpoint: random weights of this preset (e.g. "
                     "1.7b-customvoice), built on the device; random prompt embeddings (native only)")
     ap.add_argument("--check", action="store_true", help="native: greedy frames of graphs == eager "
