@@ -498,8 +498,12 @@ class NativeModel:
         self.cp_norm_w = talker.code_predictor.model.norm.weight
         self.cp_norm_eps = float(talker.code_predictor.model.norm.eps)
         self.fused = cfg.fuse_weights
-        if self.fast:
-            self.res_tables = torch.stack([e.weight for e in talker.code_predictor.model.codec_embedding])
+        if self.fast:  # the 15 residual tables stacked; the modules keep views of it (no copy)
+            tables = talker.code_predictor.model.codec_embedding
+            with torch.no_grad():
+                self.res_tables = torch.stack([e.weight.detach() for e in tables])
+            for j, e in enumerate(tables):
+                e.weight = torch.nn.Parameter(self.res_tables[j], requires_grad=False)
             self.res_offsets = torch.arange(self.R, device=dev) * self.cpV
 
     # -- slot management --------------------------------------------------------------------
