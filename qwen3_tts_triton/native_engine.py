@@ -1,6 +1,6 @@
 """NativeEngine: the Qwen3-TTS talker + code predictor in plain PyTorch, continuous batching at
-frame granularity, one CUDA graph per (batch bucket, context bucket) (design:
-docs/design/native-engine.md).
+frame granularity, one CUDA graph per (batch bucket, context bucket, top-p variant), batched
+prefill captured per (batch bucket, length bucket) (design: docs/design/native-engine.md).
 
 Same request type and async interface as the vLLM :class:`~qwen3_tts_triton.engine.TalkerEngine`::
 
@@ -11,22 +11,26 @@ Same request type and async interface as the vLLM :class:`~qwen3_tts_triton.engi
 
 Layout (all on the device, allocated once):
 
-* talker KV cache ``k_cache``/``v_cache`` ``[layers, slots, kv_heads, max_model_len, head_dim]``;
+* talker KV cache ``k_cache``/``v_cache`` ``[layers, slots + 1, kv_heads, max_model_len, head_dim]``
+  (the last slot is scratch: padding rows of a captured prefill bucket write there);
 * code-predictor KV ``[cp_layers, slots, kv_heads, 16, head_dim]`` (rewritten every frame);
-* per-slot state tables ``[slots, ...]``: last hidden ``h``, last ``c0``, frame index, next
+* per-slot state tables ``[slots + 1, ...]``: last hidden ``h``, last ``c0``, frame index, next
   talker position, c0 count, c0 presence mask ``[slots, vocab]`` (repetition penalty), trailing
-  text rows ``[slots, max_trailing, D]`` + their count, sampling parameters, RNG key.
+  text rows ``[slots, max_trailing, D]`` + their count, sampling parameters, RNG key;
+* per layer, q/k/v and gate/up concatenated into one weight each (the reference modules keep
+  views of them), RoPE cos/sin tables, the stacked residual-codebook tables.
 
 Active requests always occupy slots ``0..n-1`` (a leaving request's slot is filled by moving the
 last active slot into it), so a decode step of bucket ``B >= n`` works on the plain prefix views
 ``[:B]`` of every table: no gather, and padded rows ``n..B-1`` run on free slots, whose results
 are never read (the free slots act as the scratch rows). A step mutates the tables in place,
 so a captured graph needs no input copies: admission writes a slot's rows, replay reads them.
+All requests admitted in one scheduler round are prefilled together, right-padded to one length.
 
 Sampling is done on the device without torch RNG state: Gumbel-max over the top-``max_top_k``
 candidates with noise from a counter-based integer hash of (request key, draw index, candidate
-rank). Same seed -> same frames, independent of batch composition, bucket or graph replay.
-Greedy requests take the argmax after the same codebook-0 processing as the reference
+rank). Same seed -> same frames, independent of batch composition, bucket, top-p variant or graph
+replay. Greedy requests take the argmax after the same codebook-0 processing as the reference
 (repetition penalty, min_new_tokens, suppression) and reproduce ``generate_codes``.
 
 Imports neither vLLM nor Triton.
