@@ -258,7 +258,7 @@ def profile_step(args) -> dict:
     g = torch.Generator(device="cpu").manual_seed(0)
 
     def reset_state():
-        S = m.S
+        S = m.h.shape[0]  # slots + the scratch slot
         m.h.copy_((torch.randn(S, m.D, generator=g)).to(dev, m.dtype))
         m.c0.copy_(torch.randint(0, m.cb, (S,), generator=g).to(dev))
         m.pos.fill_(ctx0)
