@@ -45,3 +45,15 @@ def test_codec_and_tts():
         TtsModelConfig.from_parameters({"checkpoint": "/c", "default_sample_format": "mp3"})
     with pytest.raises(ModelConfigError, match="max_in_flight"):
         TtsModelConfig.from_parameters({"checkpoint": "/c", "max_in_flight": "0"})
+
+
+def test_talker_native_knobs():
+    from qwen3_tts_triton.serving.model_config import ModelConfigError, TalkerModelConfig
+
+    cfg = TalkerModelConfig.from_parameters({"checkpoint": "ck", "engine": "native", "native_compile": "true",
+                                             "native_batch_buckets": "1,8,32,64"})
+    assert cfg.native_compile is True and cfg.batch_buckets() == (1, 8, 32, 64)
+    assert TalkerModelConfig(checkpoint="ck").batch_buckets() is None
+    for bad in ("1,x", "0,8", "2000", ","):
+        with pytest.raises(ModelConfigError, match="native_batch_buckets"):
+            TalkerModelConfig.from_parameters({"checkpoint": "ck", "native_batch_buckets": bad})

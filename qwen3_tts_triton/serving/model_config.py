@@ -89,9 +89,14 @@ class TalkerModelConfig:
     enforce_eager: bool = False
     seed: int = 0
     warmup: bool = True
+    # native engine only (docs/design/native-engine.md): torch.compile the per-layer blocks before
+    # CUDA-graph capture (GPU), and the decode batch buckets ("" = the engine's default)
+    native_compile: bool = False
+    native_batch_buckets: str = ""
 
     def __post_init__(self):
         _choice("engine", self.engine, ("vllm", "native"))
+        self.batch_buckets()  # validates native_batch_buckets
         _choice("device", self.device, ("cuda", "cpu"))
         _choice("dtype", self.dtype, ("bfloat16", "float16", "float32"))
         if not self.checkpoint:
@@ -104,6 +109,20 @@ class TalkerModelConfig:
             raise ModelConfigError("parameter 'kv_cache_memory_bytes' must be >= 0")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ModelConfigError("parameter 'gpu_memory_utilization' must be in (0, 1]")
+
+    def batch_buckets(self):
+        """``native_batch_buckets`` as a tuple of ints (None when empty)."""
+        text = self.native_batch_buckets.strip()
+        if not text:
+            return None
+        try:
+            vals = tuple(int(x) for x in text.split(","))
+        except ValueError:
+            vals = ()
+        if not vals or any(not 1 <= v <= 1024 for v in vals):
+            raise ModelConfigError("parameter 'native_batch_buckets' must be a comma-separated list of batch "
+                                   f"sizes in [1, 1024], e.g. '1,8,32,64'; got {self.native_batch_buckets!r}")
+        return vals
 
     @classmethod
     def from_parameters(cls, params):

@@ -40,6 +40,8 @@ class RepositorySettings:
     kv_cache_memory_bytes: int = 0
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = False
+    native_compile: bool = False  # engine native, GPU: torch.compile the layer blocks before capture
+    native_batch_buckets: str = ""  # engine native: decode batch buckets, e.g. "1,8,32,64"
     # codec
     codec_runtime: str = "torch"  # torch | onnxruntime (python backend only)
     codec_onnx_path: str = ""

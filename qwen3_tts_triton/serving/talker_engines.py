@@ -29,6 +29,10 @@ async def make_engine(cfg: TalkerModelConfig):
         return await TalkerEngine.create(cfg.checkpoint, ec)
     from ..native_engine import NativeEngine, NativeEngineConfig
 
+    extra = {}
+    if cfg.batch_buckets():
+        extra["batch_buckets"] = cfg.batch_buckets()
     return await NativeEngine.create(cfg.checkpoint, NativeEngineConfig(
         max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len, device=cfg.device,
-        dtype=cfg.dtype, cuda_graphs=not cfg.enforce_eager, seed=cfg.seed))
+        dtype=cfg.dtype, cuda_graphs=not cfg.enforce_eager, seed=cfg.seed,
+        compile=cfg.native_compile and cfg.device == "cuda", **extra))
