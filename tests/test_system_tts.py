@@ -48,7 +48,9 @@ def test_stream_equals_whole_decode_and_follows_schedule(server, reference):
     from qwen3_tts_triton.streaming import ChunkScheduler, ScheduleConfig
 
     codes, whole = reference(TEXT, frames=40)
+    responses0 = metric(server, "qwen3_tts_talker_responses_total")
     r = synth(server, text=TEXT, speaker="aiden", temperature=0.0, max_frames=40)
+    talker_responses = metric(server, "qwen3_tts_talker_responses_total") - responses0
     assert r.sample_rate == 24000 and r.audio.dtype == np.float32
     assert r.audio.shape == whole.shape, (r.audio.shape, whole.shape)
     np.testing.assert_allclose(r.audio, whole, atol=1e-4, rtol=0)
@@ -59,6 +61,8 @@ def test_stream_equals_whole_decode_and_follows_schedule(server, reference):
     got = [n // SPF for _, n in r.chunks]
     assert got[0] == 2 and sum(got) == codes.shape[0]
     assert got == [p for p in plan if p], (got, plan)
+    # the talker sent one response per chunk (response_frames), not one per frame
+    assert talker_responses == len(got), (talker_responses, got)
 
 
 def test_non_stream_and_int16(server, reference):

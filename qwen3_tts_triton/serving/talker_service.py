@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Dict, Mapping, Optional
 import numpy as np
 
 from ..prompt import PromptError, PromptRequest
+from .coalesce import FrameCoalescer, check_response_frames
 from .request import RequestError, _scalar
 
 log = logging.getLogger(__name__)
@@ -86,13 +87,18 @@ class TalkerService:
             seed=v["seed"], suppress_eos=bool(v["ignore_eos"] or False))
 
     async def stream(self, request_id: str, inputs: Mapping[str, Any]) -> AsyncIterator[np.ndarray]:
-        """Yield frames; the engine request is aborted if the consumer stops early or fails."""
+        """Yield frames; the engine request is aborted if the consumer stops early or fails.
+        With the ``response_frames`` input, frames are yielded in those sizes (``coalesce.py``)."""
         from ..engine import EngineError
 
         try:
             req = self.parse(request_id, inputs)
         except (PromptError, EngineError) as e:
             raise RequestError(getattr(e, "field", "text"), str(e)) from None
+        try:
+            coalescer = FrameCoalescer(check_response_frames(inputs.get("response_frames")))
+        except ValueError as e:
+            raise RequestError("response_frames", str(e)) from None
         self.live[request_id] = asyncio.current_task()
         self.stats.started += 1
         done = False
@@ -100,7 +106,11 @@ class TalkerService:
             try:
                 agen = self.engine.synthesize(req)
                 async for frames in agen:
-                    yield frames
+                    for out in coalescer.push(frames):
+                        yield out
+                tail = coalescer.flush()
+                if tail is not None:
+                    yield tail
             except EngineError as e:  # refused before scheduling (too long, frame limit, top-k)
                 msg = str(e)
                 field = next((f for f in ("max_frames", "top_k", "temperature") if f in msg), "text")

@@ -13,7 +13,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Dict, Mapping, Optional, Protocol
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Protocol, Sequence
 
 import numpy as np
 
@@ -79,8 +79,10 @@ def check_prompt(config: Qwen3TTSConfig, req: TtsRequest) -> None:
 
 
 def talker_inputs(req: TtsRequest, speaker_embedding: Optional[np.ndarray] = None,
-                  ref_codes: Optional[np.ndarray] = None) -> Dict[str, np.ndarray]:
-    """The talker model's inputs for a validated request."""
+                  ref_codes: Optional[np.ndarray] = None,
+                  response_frames: Optional[Sequence[int]] = None) -> Dict[str, np.ndarray]:
+    """The talker model's inputs for a validated request. ``response_frames``: the chunk sizes
+    the tts consumes, so the talker sends one response per chunk instead of one per frame."""
     def s(v):
         return np.array([v.encode("utf-8")], dtype=object)
 
@@ -102,7 +104,14 @@ def talker_inputs(req: TtsRequest, speaker_embedding: Optional[np.ndarray] = Non
         d["ref_codes"] = np.ascontiguousarray(ref_codes, dtype=np.int32)
     if speaker_embedding is not None:
         d["speaker_embedding"] = np.ascontiguousarray(speaker_embedding, dtype=np.float32)
+    if response_frames:
+        d["response_frames"] = np.asarray(list(response_frames), np.int32)
     return d
+
+
+def schedule_sizes(schedule: ScheduleConfig) -> List[int]:
+    """The chunk sizes of a schedule, first to steady (the last one repeats)."""
+    return [schedule.chunk_size(i) for i in range(len(schedule.ramp) + 2)]
 
 
 class TtsService:
@@ -185,7 +194,7 @@ class TtsService:
                     prefix = None
             frames = self.talker.stream(rid, talker_inputs(
                 req, None if voice is None else voice.speaker_embedding,
-                None if voice is None else voice.ref_codes))
+                None if voice is None else voice.ref_codes, schedule_sizes(self.schedule)))
             scheduler = ChunkScheduler(self.schedule)
             collected = []
             first = True

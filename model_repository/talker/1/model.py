@@ -54,7 +54,12 @@ class TritonPythonModel:
         M = pb_utils.MetricFamily
         self._families = {"aborted": M(name="qwen3_tts_talker_aborted_total",
                                        description="Talker engine requests aborted (cancel, error, abort request)",
-                                       kind=M.COUNTER)}
+                                       kind=M.COUNTER),
+                          "responses": M(name="qwen3_tts_talker_responses_total",
+                                         description="Talker responses carrying frames (one per tts chunk "
+                                                     "when the caller sends response_frames)",
+                                         kind=M.COUNTER)}
+        self._responses = self._families["responses"].Metric(labels={"model": "talker"})
         self._metric = self._families["aborted"].Metric(labels={"model": "talker"})
         self._aborted_seen = 0
 
@@ -83,7 +88,7 @@ class TritonPythonModel:
                 sender.send(flags=_FINAL)
                 return
             inputs = {}
-            for name in list(TALKER_INPUTS) + ["ref_codes", "speaker_embedding"]:
+            for name in list(TALKER_INPUTS) + ["ref_codes", "speaker_embedding", "response_frames"]:
                 t = pb_utils.get_input_tensor_by_name(request, name)
                 if t is not None:
                     inputs[name] = t.as_numpy()
@@ -92,6 +97,7 @@ class TritonPythonModel:
                 if request.is_cancelled():
                     break  # the generator's finally aborts the engine request
                 sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("codes", frames.astype(np.int32))]))
+                self._responses.increment(1)
             sender.send(flags=_FINAL)
         except asyncio.CancelledError:  # aborted through an abort request
             sender.send(_error(RuntimeError("aborted")), flags=_FINAL)
@@ -110,4 +116,5 @@ class TritonPythonModel:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)
             self._metric = None
+            self._responses = None
             self._families.clear()

@@ -12,6 +12,7 @@ import asyncio  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
@@ -31,10 +32,16 @@ def tensors_from_dict(d):
 
 
 class _TalkerBLS:
-    """Streams the talker's frames through a decoupled BLS call."""
+    """Streams the talker's frames through a decoupled BLS call.
 
-    def __init__(self, model_name: str):
+    The BLS response iterator blocks, so each live stream holds a thread while it waits for the
+    talker. The threads come from a pool of their own, sized for every admitted stream plus
+    aborts: asyncio's default executor (min(32, cpus + 4) threads) would let at most that many
+    streams wait at once and queue the rest behind them."""
+
+    def __init__(self, model_name: str, max_streams: int):
         self.model_name = model_name
+        self.pool = ThreadPoolExecutor(max_workers=max_streams + 8, thread_name_prefix="tts-bls")
 
     async def stream(self, request_id, inputs):
         req = pb_utils.InferenceRequest(model_name=self.model_name, request_id=request_id,
@@ -43,7 +50,7 @@ class _TalkerBLS:
         loop = asyncio.get_running_loop()
         while True:
             # The BLS response iterator blocks; advance it off the event loop (runbook C4).
-            resp = await loop.run_in_executor(None, next, it, None)
+            resp = await loop.run_in_executor(self.pool, next, it, None)
             if resp is None:
                 return
             if resp.has_error():
@@ -65,7 +72,7 @@ class _TalkerBLS:
             requested_output_names=["codes"])
         it = await req.async_exec(decoupled=True)
         loop = asyncio.get_running_loop()
-        while await loop.run_in_executor(None, next, it, None) is not None:
+        while await loop.run_in_executor(self.pool, next, it, None) is not None:
             pass
 
 
@@ -179,7 +186,8 @@ class TritonPythonModel:
             runs = self._metrics
             self.encoders = ReferenceEncoders(self.cfg.checkpoint, self.cfg.encoder_device,
                                               on_run=lambda name: runs[f"enc_{name}"].increment(1))
-        self.service = TtsService(self.cfg, ckpt, _TalkerBLS(self.cfg.talker_model), codec, self.metrics,
+        self.talker = _TalkerBLS(self.cfg.talker_model, self.cfg.max_in_flight + self.cfg.max_queued)
+        self.service = TtsService(self.cfg, ckpt, self.talker, codec, self.metrics,
                                   encode=None if self.encoders is None else self.encoders.encode_async)
         # The service runs on its own event loop thread, so execute() returns at once (decoupled).
         self.loop = asyncio.new_event_loop()
@@ -245,6 +253,7 @@ class TritonPythonModel:
     def finalize(self):
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
+        self.talker.pool.shutdown(wait=False, cancel_futures=True)
         if self.encoders is not None:
             self.encoders.close()
         self._metrics.clear()  # metrics before their families
