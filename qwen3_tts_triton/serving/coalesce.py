@@ -36,35 +36,49 @@ def check_response_frames(sizes) -> Optional[List[int]]:
 
 
 class FrameCoalescer:
-    """Buffers ``[n, 16]`` frame arrays and releases them in the given sizes (the last size
-    repeats). ``sizes=None`` passes every array through unchanged."""
+    """Buffers ``[n, 16]`` frame arrays and releases them at chunk boundaries of the given sizes
+    (the last size repeats). ``sizes=None`` passes every array through unchanged.
+
+    ``push`` returns at most one array: every chunk completed by the new frames, together (when
+    the engine hands over several frames at once, e.g. after a stall, two complete chunks leave
+    in one response; the tts's ChunkScheduler splits them again). A response therefore always
+    ends on a chunk boundary and leaves the moment that boundary is reached."""
 
     def __init__(self, sizes: Optional[Sequence[int]]):
         self.sizes = list(sizes) if sizes else None
         self._buf: List[np.ndarray] = []
-        self._n = 0
-        self._index = 0
+        self._n = 0  # frames buffered
+        self._need = self.sizes[0] if self.sizes else 0  # frames buffered until the next boundary
+        self._index = 0  # the chunk being filled
 
-    def _target(self) -> int:
+    def _next_size(self) -> int:
+        self._index += 1
         return self.sizes[min(self._index, len(self.sizes) - 1)]
 
-    def push(self, frames: np.ndarray) -> List[np.ndarray]:
-        """Add frames; return the responses now complete (zero or more, in order)."""
+    def push(self, frames: np.ndarray) -> Optional[np.ndarray]:
+        """Add frames; return the frames of every chunk now complete (None if none is)."""
+        n = len(frames)
         if self.sizes is None:
-            return [frames] if len(frames) else []
-        if len(frames):
-            self._buf.append(frames)
-            self._n += len(frames)
-        out = []
-        while self._n >= self._target():
-            size = self._target()
-            allf = self._buf[0] if len(self._buf) == 1 else np.concatenate(self._buf, axis=0)
-            out.append(allf[:size])
-            rest = allf[size:]
-            self._buf = [rest] if len(rest) else []
-            self._n -= size
-            self._index += 1
-        return out
+            return frames if n else None
+        if not n:
+            return None
+        self._buf.append(frames)
+        self._n += n
+        if self._n < self._need:
+            return None
+        cut = self._need  # the last boundary within the buffer
+        while True:
+            size = self._next_size()
+            if cut + size > self._n:
+                break
+            cut += size
+        self._need = cut + size
+        allf = self._buf[0] if len(self._buf) == 1 else np.concatenate(self._buf, axis=0)
+        rest = allf[cut:]
+        self._buf = [rest] if len(rest) else []
+        self._n -= cut
+        self._need -= cut
+        return allf[:cut]
 
     def flush(self) -> Optional[np.ndarray]:
         """The remaining frames (end of stream), or None."""

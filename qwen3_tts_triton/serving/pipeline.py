@@ -72,7 +72,9 @@ async def stream_audio(
     async def run(chunk) -> AudioChunk:
         left = chunk.start - chunk.context_start
         extra = min(n_prefix, max(0, left_context_frames - left)) if chunk.context_start == 0 else 0
-        window = np.concatenate(codes, axis=0)[n_prefix + chunk.context_start - extra:n_prefix + chunk.end]
+        if len(codes) > 1:  # one array per talker response; keep them joined for the next chunk
+            codes[:] = [np.concatenate(codes, axis=0)]
+        window = codes[0][n_prefix + chunk.context_start - extra:n_prefix + chunk.end]
         left += extra
         audio = await decode(window, left)
         expected = (chunk.end - chunk.start) * samples_per_frame

@@ -34,6 +34,7 @@ class TalkerStats:
     finished: int = 0
     aborted: int = 0
     failed: int = 0
+    responses: int = 0  # frame arrays yielded (Triton responses carrying codes)
 
 
 class TalkerService:
@@ -88,7 +89,8 @@ class TalkerService:
 
     async def stream(self, request_id: str, inputs: Mapping[str, Any]) -> AsyncIterator[np.ndarray]:
         """Yield frames; the engine request is aborted if the consumer stops early or fails.
-        With the ``response_frames`` input, frames are yielded in those sizes (``coalesce.py``)."""
+        With the ``response_frames`` input, each yield ends on a boundary of those chunk sizes
+        (``coalesce.py``): one Triton response per chunk instead of one per engine step."""
         from ..engine import EngineError
 
         try:
@@ -106,10 +108,13 @@ class TalkerService:
             try:
                 agen = self.engine.synthesize(req)
                 async for frames in agen:
-                    for out in coalescer.push(frames):
+                    out = coalescer.push(frames)
+                    if out is not None:
+                        self.stats.responses += 1
                         yield out
                 tail = coalescer.flush()
                 if tail is not None:
+                    self.stats.responses += 1
                     yield tail
             except EngineError as e:  # refused before scheduling (too long, frame limit, top-k)
                 msg = str(e)

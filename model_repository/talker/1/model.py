@@ -62,6 +62,7 @@ class TritonPythonModel:
         self._responses = self._families["responses"].Metric(labels={"model": "talker"})
         self._metric = self._families["aborted"].Metric(labels={"model": "talker"})
         self._aborted_seen = 0
+        self._responses_seen = self.service.stats.responses  # not the warm-up's
 
     async def _warmup(self):
         inputs = {"text": np.array([b"warm up"], dtype=object), "max_frames": np.array([2], np.int32),
@@ -96,18 +97,26 @@ class TritonPythonModel:
             async for frames in self.service.stream(rid, inputs):
                 if request.is_cancelled():
                     break  # the generator's finally aborts the engine request
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("codes", frames.astype(np.int32))]))
-                self._responses.increment(1)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("codes", frames.astype(np.int32, copy=False))]))
+            self._update_metrics()
             sender.send(flags=_FINAL)
         except asyncio.CancelledError:  # aborted through an abort request
             sender.send(_error(RuntimeError("aborted")), flags=_FINAL)
         except Exception as e:  # noqa: BLE001 - this request fails, the model stays up
             sender.send(_error(e), flags=_FINAL)
         finally:
-            n = self.service.stats.aborted
-            if n > self._aborted_seen:
-                self._metric.increment(n - self._aborted_seen)
-                self._aborted_seen = n
+            self._update_metrics()
+
+    def _update_metrics(self):
+        """Metrics once per request, not per response (each update is an IPC to the stub's parent);
+        also called before a FINAL is sent, so a client that saw FINAL sees the counts."""
+        st = self.service.stats
+        if st.aborted > self._aborted_seen:
+            self._metric.increment(st.aborted - self._aborted_seen)
+            self._aborted_seen = st.aborted
+        if st.responses > self._responses_seen:
+            self._responses.increment(st.responses - self._responses_seen)
+            self._responses_seen = st.responses
 
     def finalize(self):
         try:
