@@ -60,7 +60,9 @@ class _TalkerBLS:
                 raise RuntimeError(f"talker: {err.message()}")
             out = pb_utils.get_output_tensor_by_name(resp, "codes")
             if out is not None:
-                codes = out.as_numpy()
+                # Copy: the array must not depend on the lifetime of the BLS response's buffer
+                # (the pipeline keeps frames across chunks; a view crashed the stub once in CI).
+                codes = np.array(out.as_numpy())
                 if codes.size:
                     yield codes.reshape(-1, 16)
 
@@ -91,7 +93,7 @@ class _CodecBLS:
         resp = await req.async_exec()
         if resp.has_error():
             raise RuntimeError(f"codec_decoder: {resp.error().message()}")
-        audio = pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0]
+        audio = np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])  # own the samples
         return trim_window(audio, left_context, num_frames=n_new)
 
 
