@@ -19,6 +19,10 @@ from .voice import MAX_VOICE_CACHE_SIZE
 
 T = TypeVar("T")
 
+# New-frame counts of the tts chunk schedule (streaming.ChunkSchedule defaults: first chunk 2,
+# ramp 4/8/16, chunk 25) plus 1: the stateful codec's CUDA-graph frame buckets.
+DEFAULT_STATEFUL_FRAME_BUCKETS = (1, 2, 4, 8, 16, 25)
+
 
 class ModelConfigError(ValueError):
     pass
@@ -139,6 +143,11 @@ class CodecModelConfig:
     cuda_graphs: bool = True
     frame_buckets: tuple = ()
     max_frames: int = 512
+    # codec_decoder_stateful on CUDA with cuda_graphs: one graph per (batch bucket, T) for these
+    # EXACT new-frame counts T (a stateful step must never see padded frames: they would enter the
+    # state). Default: the tts chunk schedule's sizes (first 2, ramp 4/8/16, chunk 25) plus 1;
+    # any other T (e.g. a stream's last, shorter chunk) runs eagerly.
+    stateful_frame_buckets: tuple = DEFAULT_STATEFUL_FRAME_BUCKETS
 
     def __post_init__(self):
         _choice("runtime", self.runtime, ("torch", "onnxruntime"))
@@ -150,10 +159,25 @@ class CodecModelConfig:
             raise ModelConfigError(f"parameter 'frame_buckets' must be increasing positive ints, got {self.frame_buckets}")
         if not 1 <= self.max_frames <= 8192:
             raise ModelConfigError("parameter 'max_frames' must be in [1, 8192]")
+        check_stateful_frame_buckets(self.stateful_frame_buckets, self.max_frames)
 
     @classmethod
     def from_parameters(cls, params):
         return _from_parameters(cls, params)
+
+
+def check_stateful_frame_buckets(buckets, max_frames: int = 8192) -> tuple:
+    """Validate ``stateful_frame_buckets``: a non-empty, strictly ascending list of ints in
+    [1, max_frames]. Returns it as a tuple; raises :class:`ModelConfigError` naming the field."""
+    vals = tuple(buckets) if isinstance(buckets, (tuple, list)) else None
+    ok = (bool(vals) and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= max_frames for v in vals)
+          and all(a < b for a, b in zip(vals, vals[1:])))
+    if not ok:
+        raise ModelConfigError(
+            f"parameter 'stateful_frame_buckets' must be a non-empty, strictly ascending comma-separated list of "
+            f"frame counts in [1, {max_frames}] (max_frames), e.g. "
+            f"'{','.join(str(v) for v in DEFAULT_STATEFUL_FRAME_BUCKETS)}'; got {buckets!r}")
+    return vals
 
 
 @dataclass(frozen=True)

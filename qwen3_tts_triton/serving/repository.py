@@ -53,6 +53,8 @@ class RepositorySettings:
     codec_frame_buckets: str = ""
     codec_max_frames: int = 512
     codec_mode: str = "windowed"  # windowed | stateful (adds codec_decoder_stateful; tts left context 0)
+    # stateful codec on GPU: CUDA-graph frame counts ("" = the chunk schedule's sizes plus 1)
+    codec_stateful_frame_buckets: str = ""
     # tts
     default_speaker: str = ""
     default_max_frames: int = 2048
@@ -77,6 +79,25 @@ class RepositorySettings:
             raise RepositoryError(f"TensorRT plan {self.plan} does not exist (build it with export/build_trt_engine.py)")
         if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
             raise RepositoryError(f"{self.checkpoint} is not a checkpoint directory (no config.json)")
+
+
+def stateful_frame_buckets(s: RepositorySettings) -> str:
+    """``codec_stateful_frame_buckets`` or, when empty, the new-frame counts the tts sends in
+    stateful mode: first chunk, ramp, chunk (its reference-code priming uses chunk-sized pieces)
+    plus 1. Validated like the model validates it at load time."""
+    from .model_config import ModelConfigError, check_stateful_frame_buckets
+
+    text = s.codec_stateful_frame_buckets.strip()
+    try:
+        if text:
+            vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+        else:
+            ramp = tuple(int(x) for x in s.chunk_ramp.replace(" ", "").split(",") if x)
+            vals = tuple(sorted({1, s.first_chunk_frames, s.chunk_frames, *ramp}))
+        check_stateful_frame_buckets(vals, s.codec_max_frames)
+    except (ValueError, ModelConfigError) as e:
+        raise RepositoryError(f"codec_stateful_frame_buckets: {e}") from None
+    return ",".join(str(v) for v in vals)
 
 
 def _substitute(text: str, values: Dict[str, str], where: str) -> str:
@@ -123,7 +144,8 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
 
         ins, outs = config_io_blocks(state_specs_from_checkpoint(ckpt), s.codec_dtype)
         values.update(codec_state_inputs=ins, codec_state_outputs=outs, left_context_frames="0",
-                      tts_codec_model="codec_decoder_stateful")
+                      tts_codec_model="codec_decoder_stateful",
+                      codec_stateful_frame_buckets=stateful_frame_buckets(s))
     if os.path.exists(out_dir):
         shutil.rmtree(out_dir)
     models = {"talker": "talker", "tts": "tts",

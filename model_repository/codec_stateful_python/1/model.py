@@ -3,7 +3,9 @@
 Thin adapter around qwen3_tts_triton.serving.stateful_codec: read each request's `audio_codes`
 [b, T, 16], optional `start` and `state_in_*` tensors (DLPack, so GPU tensors stay on the GPU),
 validate them (INVALID_ARG per request), group the batch by T, run one StatefulCodecDecoder.step
-per group, and answer `audio_values` + `state_out_*` per request.
+per group (on CUDA with cuda_graphs: a CUDA-graph replay per (batch bucket, T) for T in
+stateful_frame_buckets, serving/stateful_graphs.py), and answer `audio_values` + `state_out_*`
+per request.
 """
 
 import locale
@@ -21,6 +23,7 @@ from qwen3_tts_triton.serving.codec_runtime import load_codec_decoder  # noqa: E
 from qwen3_tts_triton.serving.model_config import (  # noqa: E402
     CodecModelConfig, parameters_from_model_config)
 from qwen3_tts_triton.serving.stateful_codec import parse_request, run_batch, state_specs  # noqa: E402
+from qwen3_tts_triton.serving.stateful_graphs import StatefulGraphRunner, batch_buckets_for  # noqa: E402
 
 _BACKEND_PARAMS = ("FORCE_CPU_ONLY_INPUT_TENSORS",)
 
@@ -52,10 +55,17 @@ class TritonPythonModel:
         self.codebook_size = int(st_cfg.decoder.codebook_size)
         self.sd = StatefulCodecDecoder(decoder).eval()
         self.specs = state_specs(self.sd)
-        # warm-up: one step from zero state
-        with torch.inference_mode():
-            self.sd.step(torch.zeros((1, 2, 16), dtype=torch.long, device=self.device),
-                         self.sd.init_state(1, self.device, self.dtype))
+        # CUDA graphs (GPU, cuda_graphs on): one per (batch bucket, exact T in stateful_frame_buckets),
+        # all captured here so no request pays for a capture; other T run eagerly.
+        self.runner = None
+        if self.device.type == "cuda" and self.cfg.cuda_graphs:
+            self.runner = StatefulGraphRunner(self.sd, self.device, self.dtype, batch_buckets_for(self.max_batch),
+                                              self.cfg.stateful_frame_buckets)
+            self.runner.warmup()
+        else:  # warm-up: one step from zero state
+            with torch.inference_mode():
+                self.sd.step(torch.zeros((1, 2, 16), dtype=torch.long, device=self.device),
+                             self.sd.init_state(1, self.device, self.dtype))
 
     def _parse(self, req):
         codes = pb_utils.get_input_tensor_by_name(req, "audio_codes")
@@ -88,7 +98,7 @@ class TritonPythonModel:
                     error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
         if parsed:
             try:
-                results = run_batch(parsed, self.sd, self.device, self.dtype, self.max_batch)
+                results = run_batch(parsed, self.runner or self.sd, self.device, self.dtype, self.max_batch)
                 for i, r in zip(good, results):
                     outs = [_out("audio_values", r.audio.cpu())]  # audio goes to the client anyway
                     outs += [_out(spec.output_name, r.state[spec.name]) for spec in self.specs]
@@ -100,4 +110,5 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        self.runner = None
         self.sd = None
