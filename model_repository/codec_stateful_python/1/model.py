@@ -12,6 +12,12 @@ import locale
 
 locale.setlocale(locale.LC_CTYPE, "C.UTF-8")  # the stub starts with an ASCII locale (runbook C3)
 
+import faulthandler  # noqa: E402
+
+# A crash inside the stub (a C extension, the backend itself) then leaves every thread's Python
+# stack in the server log instead of only "Stub process is not healthy".
+faulthandler.enable()
+
 import json  # noqa: E402
 
 import numpy as np  # noqa: E402
