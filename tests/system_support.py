@@ -66,11 +66,32 @@ def make_reference(checkpoint):
     return ref
 
 
+def server_state(server):
+    """A line for assertion messages: whether the server still runs, and if not its log's end.
+    Triton 2.51 (the CPU test server) can die with "Signal (11)" in its gRPC frontend after
+    stream cancellations (a race fixed upstream in Triton 25.04, server PR 8078); a test that
+    fails because the server died must say so, not only "Socket closed"."""
+    if server.proc is not None and server.proc.poll() is not None:
+        return f"tritonserver DIED (exit {server.proc.returncode}); log tail:\n{server.log_tail(40)}"
+    return "tritonserver still running"
+
+
 def synth(server, **kw):
     from qwen3_tts_triton.client import StreamingClient
 
     with StreamingClient(server.grpc_url) as c:
         return c.synthesize(timeout=120, **kw)
+
+
+def wait_idle(server, timeout=60.0):
+    """Wait until the tts has no request in flight. A client sees a request's FINAL response just
+    before the tts frees its admission slot, so a test that counts slots must wait for this."""
+    import time
+
+    deadline = time.time() + timeout
+    while metric(server, "qwen3_tts_requests_in_flight") != 0:
+        assert time.time() < deadline, f"requests still in flight after {timeout:.0f} s; {server_state(server)}"
+        time.sleep(0.2)
 
 
 def metric(server, name):
