@@ -13,6 +13,16 @@ sends: it pads windows to its frame buckets, the largest being left context + ch
 precision. TF32 stays off. The timing cache is read if present and written back, so rebuilds
 are fast. Built with polygraphy's TensorRT loaders (the TensorRT Python API underneath).
 
+Stateful codec (issue 9): ``--stateful`` builds the ONNX of export/export_codec_stateful_onnx.py
+(default ``--onnx build/codec_decoder_stateful.onnx --out build/codec_decoder_stateful.plan``,
+``--frames-profile 1 25 25``: NEW frames per call). ``--checkpoint DIR`` or ``--preset NAME`` gives the
+state layout (the same code the export uses; only config.json is read): every ``state_in_*`` input
+gets the batch range of ``--batch-profile`` and its fixed per-row dims. The parsed network's inputs
+are checked against that layout before building.
+
+    python export/build_trt_engine.py --stateful --checkpoint CKPT [--batch-profile 1 8 64] \
+        [--frames-profile 1 25 25] [--fp32]
+
 Arguments are validated before TensorRT is looked for. Exit codes: 0 built; 1 build failed;
 2 bad arguments; 3 TensorRT (python package ``tensorrt``) is not installed.
 The engine is specific to the GPU model and TensorRT version: build it where it is served, and
@@ -29,6 +39,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from qwen3_tts_triton.stateful_trt import (  # noqa: E402
+    DEFAULT_STATEFUL_BATCH_PROFILE,
+    DEFAULT_STATEFUL_FRAMES_PROFILE,
+    DEFAULT_STATEFUL_ONNX_PATH,
+    DEFAULT_STATEFUL_PLAN_PATH,
+    check_io,
+    expected_io,
+    state_io,
+    stateful_decoder_meta,
+    stateful_profile,
+)
 from qwen3_tts_triton.onnx_export import (  # noqa: E402
     DEFAULT_ONNX_PATH,
     DEFAULT_PLAN_PATH,
@@ -46,12 +67,19 @@ from qwen3_tts_triton.onnx_export import (  # noqa: E402
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--onnx", default=DEFAULT_ONNX_PATH, help=f"input ONNX (default {DEFAULT_ONNX_PATH})")
-    ap.add_argument("--out", default=DEFAULT_PLAN_PATH, help=f"engine path (default {DEFAULT_PLAN_PATH})")
-    ap.add_argument("--batch-profile", type=int, nargs=3, metavar=("MIN", "OPT", "MAX"), default=[1, 8, 64],
+    ap.add_argument("--stateful", action="store_true",
+                    help="build the stateful codec's ONNX (state I/O; needs --checkpoint or --preset)")
+    ap.add_argument("--checkpoint", default=None, help="--stateful: checkpoint directory giving the state layout")
+    ap.add_argument("--preset", default=None, help="--stateful: presets.py name giving the state layout (e.g. tiny)")
+    ap.add_argument("--onnx", default=None,
+                    help=f"input ONNX (default {DEFAULT_ONNX_PATH}; --stateful: {DEFAULT_STATEFUL_ONNX_PATH})")
+    ap.add_argument("--out", default=None,
+                    help=f"engine path (default {DEFAULT_PLAN_PATH}; --stateful: {DEFAULT_STATEFUL_PLAN_PATH})")
+    ap.add_argument("--batch-profile", type=int, nargs=3, metavar=("MIN", "OPT", "MAX"), default=None,
                     help="batch sizes of the profile (default 1 8 64; MAX should be the model's max_batch_size)")
-    ap.add_argument("--frames-profile", type=int, nargs=3, metavar=("MIN", "OPT", "MAX"), default=[1, 97, 97],
-                    help="frames per window, context included (default 1 97 97)")
+    ap.add_argument("--frames-profile", type=int, nargs=3, metavar=("MIN", "OPT", "MAX"), default=None,
+                    help="frames per window, context included (default 1 97 97); --stateful: new frames per "
+                         "call (default 1 25 25)")
     ap.add_argument("--fp32", action="store_true", help="build in fp32 (default: fp16 enabled)")
     ap.add_argument("--timing-cache", default=DEFAULT_TIMING_CACHE,
                     help=f"timing cache file, read if present and updated (default {DEFAULT_TIMING_CACHE}); "
@@ -66,25 +94,73 @@ def parse_args(argv=None):
     """Parse and validate; argparse exits with code 2 and a message on any bad value."""
     ap = build_parser()
     args = ap.parse_args(argv)
+    apply_defaults(args)
     try:
         args.profile = ShapeProfile(tuple(args.batch_profile), tuple(args.frames_profile))
     except ValueError as e:
         ap.error(str(e))
+    args.state_io = None
+    if args.stateful:
+        if (args.checkpoint is None) == (args.preset is None):
+            ap.error("--stateful needs exactly one of --checkpoint DIR or --preset NAME (the state layout)")
+        try:
+            args.state_io = state_io(stateful_decoder_meta(args.checkpoint, args.preset))
+        except (ValueError, FileNotFoundError) as e:
+            ap.error(f"--stateful: {e}")
+    elif args.checkpoint or args.preset:
+        ap.error("--checkpoint / --preset only go with --stateful")
     if args.workspace_mib is not None and args.workspace_mib < 1:
         ap.error(f"--workspace-mib must be >= 1, got {args.workspace_mib}")
     if not os.path.isfile(args.onnx):
-        ap.error(f"--onnx: file not found: {args.onnx} (run export/export_codec_onnx.py first)")
+        exporter = "export_codec_stateful_onnx.py" if args.stateful else "export_codec_onnx.py"
+        ap.error(f"--onnx: file not found: {args.onnx} (run export/{exporter} first)")
     if os.path.isdir(args.out):
         ap.error(f"--out is a directory: {args.out}")
     return args
+
+
+def apply_defaults(args) -> None:
+    """Fill the path and profile defaults of the chosen mode (windowed or --stateful)."""
+    st = args.stateful
+    if args.onnx is None:
+        args.onnx = DEFAULT_STATEFUL_ONNX_PATH if st else DEFAULT_ONNX_PATH
+    if args.out is None:
+        args.out = DEFAULT_STATEFUL_PLAN_PATH if st else DEFAULT_PLAN_PATH
+    if args.batch_profile is None:
+        args.batch_profile = list(DEFAULT_STATEFUL_BATCH_PROFILE) if st else [1, 8, 64]
+    if args.frames_profile is None:
+        args.frames_profile = list(DEFAULT_STATEFUL_FRAMES_PROFILE) if st else [1, 97, 97]
+
+
+def profile_shapes(args):
+    """``input name -> (min, opt, max)`` of the one optimization profile."""
+    if args.stateful:
+        return stateful_profile(args.state_io, args.profile)
+    return {INPUT_NAME: args.profile.shapes()}
+
+
+def _network_io(network):
+    ins = {network.get_input(i).name: tuple(network.get_input(i).shape) for i in range(network.num_inputs)}
+    outs = {network.get_output(i).name: tuple(network.get_output(i).shape) for i in range(network.num_outputs)}
+    return ins, outs
 
 
 def build_engine(args) -> bytes:
     import tensorrt as trt
     from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
 
-    mn, opt, mx = args.profile.shapes()
-    profile = Profile().add(INPUT_NAME, min=mn, opt=opt, max=mx)
+    profile = Profile()
+    for name, (mn, opt, mx) in profile_shapes(args).items():
+        profile.add(name, min=mn, opt=opt, max=mx)
+    network = NetworkFromOnnxPath(args.onnx)
+    if args.stateful:  # the parsed network must have exactly the state layout's I/O
+        network = network()
+        want_in, want_out = expected_io(args.state_io)
+        got_in, got_out = _network_io(network[1])
+        problems = check_io(got_in, want_in, "input") + check_io(got_out, want_out, "output", dynamic_ok=True)
+        if problems:
+            raise RuntimeError("the ONNX does not match the state layout of --checkpoint/--preset: "
+                               + "; ".join(problems))
     cache = args.timing_cache or None
     if cache:
         os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
@@ -99,7 +175,7 @@ def build_engine(args) -> bytes:
         memory_pool_limits=pools,
         builder_optimization_level=args.opt_level,
     )
-    build = EngineBytesFromNetwork(NetworkFromOnnxPath(args.onnx), config=config, save_timing_cache=cache)
+    build = EngineBytesFromNetwork(network, config=config, save_timing_cache=cache)
     return bytes(build())
 
 
@@ -113,6 +189,8 @@ def main(argv=None) -> int:
     p = args.profile
     print(f"TensorRT {trt.__version__}: building {args.onnx} -> {args.out}")
     print(f"profile {INPUT_NAME}: batch {p.batch}, frames {p.frames}; precision {'fp32' if args.fp32 else 'fp16'}")
+    if args.stateful:
+        print(f"stateful: {len(args.state_io)} state inputs, each over batch {p.batch} with its fixed per-row dims")
     t0 = time.time()
     try:
         data = build_engine(args)

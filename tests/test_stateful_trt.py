@@ -1,0 +1,281 @@
+"""TensorRT path of the STATEFUL codec: profile shapes from the state layout, the scripts'
+arguments, and the parity checks' logic (with onnxruntime standing in for the engine).
+
+TensorRT is not installable here: the build/parity run itself skips naming TensorRT, and without
+it both scripts must exit 3 with the usual message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from qwen3_tts_triton.onnx_export import EXIT_NO_TENSORRT, INPUT_NAME, OUTPUT_NAME, ShapeProfile, have_tensorrt
+from qwen3_tts_triton.stateful_trt import (STATEFUL_TOLERANCES, check_io, compare_state, expected_io,
+                                           onnx_io_shapes, row_positions, state_io, stateful_decoder_meta,
+                                           stateful_profile)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPORT = ROOT / "export"
+HAVE_TRT = have_tensorrt()
+MISSING = "TensorRT (python package `tensorrt`) is not installed"
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(f"_stateful_{name}", EXPORT / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _run(args, timeout=300):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def sd_meta():
+    return stateful_decoder_meta(preset="tiny")
+
+
+# --- the layout and the profile -----------------------------------------------------------------
+
+
+def test_state_io_follows_the_decoder_layout(sd_meta):
+    io = state_io(sd_meta)
+    ins, outs = sd_meta.onnx_state_names()
+    assert [s.input_name for s in io] == ins and [s.output_name for s in io] == outs
+    shapes = sd_meta.state_shapes(5)
+    for s in io:
+        assert (5,) + s.row_shape == tuple(shapes[s.name])
+        assert s.is_float == (s.name != "pos")
+    assert [s.row_shape for s in io if s.name == "pos"] == [()]
+
+
+def test_state_io_from_a_checkpoint_matches_the_preset(tiny_checkpoint, sd_meta):
+    assert state_io(stateful_decoder_meta(checkpoint=str(tiny_checkpoint))) == state_io(sd_meta)
+    with pytest.raises(FileNotFoundError, match="not a Qwen3-TTS checkpoint"):
+        stateful_decoder_meta(checkpoint=str(tiny_checkpoint / "nope"))
+    with pytest.raises(ValueError, match="unknown preset"):
+        stateful_decoder_meta(preset="huge")
+    with pytest.raises(ValueError, match="exactly one"):
+        stateful_decoder_meta()
+
+
+def test_stateful_profile_shapes(sd_meta):
+    io = state_io(sd_meta)
+    prof = stateful_profile(io, ShapeProfile((1, 8, 64), (1, 25, 25)))
+    assert list(prof) == [INPUT_NAME] + [s.input_name for s in io]
+    assert prof[INPUT_NAME] == ((1, 1, 16), (8, 25, 16), (64, 25, 16))
+    for s in io:
+        mn, opt, mx = prof[s.input_name]
+        assert (mn, opt, mx) == tuple(sd_meta.state_shapes(b)[s.name] for b in (1, 8, 64))
+    assert prof["state_in_pos"] == ((1,), (8,), (64,))
+
+
+def test_check_io():
+    want = {"a": (-1, -1, 16), "b": (-1, 3)}
+    assert check_io({"a": (-1, -1, 16), "b": (-1, 3)}, want, "input") == []
+    assert check_io({"a": ("batch", None, 16), "b": (-1, 3)}, want, "input") == []  # symbolic dims
+    p = check_io({"a": (-1, -1, 16), "b": (-1, 4), "c": (1,)}, {**want, "d": (2,)}, "input")
+    assert "input missing: d" in p and "input not in the state layout: c" in p
+    assert "input b: shape [-1, 4], expected [-1, 3]" in p
+    assert check_io({"a": (-1, -1, -1), "b": (-1, 3)}, want, "output", dynamic_ok=True) == []
+    assert check_io({"a": (-1, -1, -1), "b": (-1, 3)}, want, "input") == ["input a: shape [-1, -1, -1], expected [-1, -1, 16]"]
+    assert check_io({"a": (-1, -1), "b": (-1, 3)}, want, "output", dynamic_ok=True)  # rank differs
+
+
+def test_compare_state_and_positions(sd_meta):
+    io = state_io(sd_meta)
+    rng = np.random.default_rng(0)
+    ref = {s.output_name: (rng.standard_normal((2,) + s.row_shape).astype(np.float32) * 3 if s.is_float
+                           else np.array([4, 9])) for s in io}
+    assert compare_state(ref, dict(ref), io) == (0.0, [])
+    got = dict(ref)
+    k = io[0].output_name
+    got[k] = ref[k] + 1e-3
+    err, problems = compare_state(ref, got, io)
+    assert problems == [] and 1e-3 / max(1.0, float(np.abs(ref[k]).max())) * 0.99 <= err <= 1e-3
+    got[k] = ref[k].copy()
+    got[k].flat[0] = np.nan
+    assert "NaN/Inf" in compare_state(ref, got, io)[1][0]
+    got = dict(ref, state_out_pos=np.array([4, 10]))
+    assert "int state differs" in compare_state(ref, got, io)[1][0]
+    pos = row_positions(8)
+    assert pos[0] == 0 and len(set(pos)) == 8 and max(pos) > 71 and all(0 <= p <= 90 for p in pos)
+
+
+# --- scripts: arguments (no TensorRT needed) --------------------------------------------------------
+
+
+@pytest.fixture
+def fake_onnx(tmp_path):
+    p = tmp_path / "m.onnx"
+    p.write_bytes(b"not parsed before TensorRT is found")
+    return p
+
+
+@pytest.mark.parametrize("script", ["build_trt_engine", "check_parity"])
+@pytest.mark.parametrize("args, err", [
+    (["--stateful"], "--stateful needs exactly one of --checkpoint DIR or --preset NAME"),
+    (["--stateful", "--preset", "tiny", "--checkpoint", "/x"], "--stateful needs exactly one"),
+    (["--stateful", "--preset", "huge"], "--stateful: unknown preset 'huge'"),
+    (["--stateful", "--checkpoint", "/nonexistent-ckpt"], "--stateful: /nonexistent-ckpt/speech_tokenizer/config.json"),
+    (["--preset", "tiny"], "only go with --stateful"),
+    (["--stateful", "--preset", "tiny", "--batch-profile", "1", "8", "300"], "batch profile: MAX must be <= 256"),
+])
+def test_stateful_argument_errors(script, args, err, fake_onnx, capsys):
+    mod = _script(script)
+    extra = ["--engine", str(fake_onnx)] if script == "check_parity" else []
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--onnx", str(fake_onnx), *extra, *args])
+    assert e.value.code == 2
+    assert err in capsys.readouterr().err
+
+
+def test_build_stateful_defaults_and_profile(fake_onnx, tmp_path, capsys):
+    mod = _script("build_trt_engine")
+    a = mod.parse_args(["--stateful", "--preset", "tiny", "--onnx", str(fake_onnx)])
+    assert a.out == os.path.join("build", "codec_decoder_stateful.plan")
+    assert a.profile == ShapeProfile((1, 8, 64), (1, 25, 25))
+    shapes = mod.profile_shapes(a)
+    assert shapes == stateful_profile(state_io(stateful_decoder_meta(preset="tiny")), a.profile)
+    a = mod.parse_args(["--onnx", str(fake_onnx)])  # windowed defaults unchanged
+    assert a.out == os.path.join("model_repository", "codec_decoder", "1", "model.plan")
+    assert a.profile == ShapeProfile((1, 8, 64), (1, 97, 97)) and a.state_io is None
+    assert mod.profile_shapes(a) == {INPUT_NAME: ((1, 1, 16), (8, 97, 16), (64, 97, 16))}
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--stateful", "--preset", "tiny", "--onnx", str(tmp_path / "none.onnx")])
+    assert "export_codec_stateful_onnx.py" in capsys.readouterr().err
+
+
+def test_check_parity_stateful_tolerances(fake_onnx, capsys):
+    mod = _script("check_parity")
+    base = ["--stateful", "--preset", "tiny", "--onnx", str(fake_onnx), "--engine", str(fake_onnx)]
+    a = mod.parse_args(base)
+    assert (a.atol, a.mean_atol, a.state_tol) == STATEFUL_TOLERANCES["fp16"]
+    assert a.profile == ShapeProfile((1, 8, 64), (1, 25, 25)) and all(t <= 25 for _, t in a.shape_list)
+    a = mod.parse_args(base + ["--fp32", "--state-tol", "0.5"])
+    assert (a.atol, a.mean_atol, a.state_tol) == STATEFUL_TOLERANCES["fp32"][:2] + (0.5,)
+    with pytest.raises(SystemExit):
+        mod.parse_args(base + ["--state-tol", "-1"])
+    assert "--state-tol must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        mod.parse_args(["--onnx", str(fake_onnx), "--engine", str(fake_onnx), "--state-tol", "1"])
+    assert "only go with --stateful" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(HAVE_TRT, reason="TensorRT is installed: the missing-TensorRT path cannot run")
+@pytest.mark.parametrize("script", ["build_trt_engine", "check_parity"])
+def test_stateful_scripts_without_tensorrt_exit_3(script, fake_onnx, tmp_path):
+    extra = ["--engine", fake_onnx] if script == "check_parity" else ["--out", tmp_path / "m.plan"]
+    r = _run([EXPORT / f"{script}.py", "--stateful", "--preset", "tiny", "--onnx", fake_onnx, *extra])
+    assert r.returncode == EXIT_NO_TENSORRT == 3, r.stderr
+    assert MISSING in r.stderr
+    assert not (tmp_path / "m.plan").exists()
+
+
+# --- the parity checks against a real (tiny) stateful ONNX, onnxruntime as the engine -------------
+
+
+@pytest.fixture(scope="module")
+def tiny_stateful_onnx(tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    import torch
+
+    from qwen3_tts_triton import presets
+    from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights
+    from qwen3_tts_triton.config import CodecDecoderConfig
+
+    torch.manual_seed(0)
+    cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config("tiny")["decoder_config"])
+    dec = init_random_codec_weights(CodecDecoder(cfg), 0).eval()
+    path = str(tmp_path_factory.mktemp("stateful_onnx") / "stateful.onnx")
+    _script("export_codec_stateful_onnx").export_stateful_onnx(dec, path)
+    return path
+
+
+def test_exported_onnx_matches_the_layout(tiny_stateful_onnx, sd_meta):
+    ins, outs = onnx_io_shapes(tiny_stateful_onnx)
+    want_in, want_out = expected_io(state_io(sd_meta))
+    assert check_io(ins, want_in, "input") == [] and check_io(outs, want_out, "output", dynamic_ok=True) == []
+    assert list(ins) == list(want_in) and list(outs) == list(want_out)
+
+
+def _parity_args(onnx_path, **kw):
+    mod = _script("check_parity")
+    a = mod.parse_args(["--stateful", "--preset", "tiny", "--onnx", onnx_path, "--engine", onnx_path, "--fp32",
+                        "--batch-profile", "1", "2", "3", "--frames-profile", "1", "4", "5", "--codebook-size", "64"])
+    for k, v in kw.items():
+        setattr(a, k, v)
+    return mod, a
+
+
+def test_stateful_checks_pass_for_an_exact_engine_and_catch_errors(tiny_stateful_onnx, capsys):
+    import onnxruntime as ort
+
+    mod, a = _parity_args(tiny_stateful_onnx)
+    sess = ort.InferenceSession(tiny_stateful_onnx, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+
+    def exact(feed):
+        return dict(zip(names, sess.run(names, feed)))
+
+    a.shape_list = [(1, 1), (3, 5)]
+    assert mod.stateful_checks(a, exact)
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and out.count("carried stream call") == 6 and "rows batch=  3" in out
+    a.shape_list = [(3, 4)]  # the failure cases: one shape is enough
+
+    def audio_off(feed):
+        r = exact(feed)
+        r[OUTPUT_NAME] = r[OUTPUT_NAME] + 0.01  # above the fp32 atol 1e-3
+        return r
+
+    assert not mod.stateful_checks(a, audio_off)
+    assert "FAIL" in capsys.readouterr().out
+
+    def state_drifts(feed):  # a small error fed back through the state: caught on the carried stream
+        r = exact(feed)
+        k = "state_out_attn_0_k"
+        r[k] = r[k] * 1.01
+        return r
+
+    assert not mod.stateful_checks(a, state_drifts)
+
+    def nan_state(feed):
+        r = exact(feed)
+        r["state_out_decoder_6_conv"] = np.full_like(r["state_out_decoder_6_conv"], np.nan)
+        return r
+
+    assert not mod.stateful_checks(a, nan_state)
+    assert "NaN/Inf" in capsys.readouterr().out
+
+    def rows_mixed(feed):  # rows not independent: every row gets row 0's audio
+        r = exact(feed)
+        r[OUTPUT_NAME] = np.repeat(r[OUTPUT_NAME][:1], r[OUTPUT_NAME].shape[0], axis=0)
+        return r
+
+    assert not mod.stateful_checks(a, rows_mixed)
+
+
+@pytest.mark.skipif(not HAVE_TRT, reason="TensorRT not installed (python package `tensorrt`)")
+def test_trt_stateful_build_and_parity_on_tiny_export(tiny_stateful_onnx, tmp_path):
+    """Build an fp32 engine of the tiny stateful export and compare with onnxruntime (GPU + TensorRT)."""
+    plan = tmp_path / "stateful.plan"
+    prof = ["--batch-profile", "1", "2", "4", "--frames-profile", "1", "4", "8"]
+    r = _run([EXPORT / "build_trt_engine.py", "--stateful", "--preset", "tiny", "--onnx", tiny_stateful_onnx,
+              "--out", plan, "--fp32", "--timing-cache", tmp_path / "cache", *prof], timeout=1200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _run([EXPORT / "check_parity.py", "--stateful", "--preset", "tiny", "--onnx", tiny_stateful_onnx,
+              "--engine", plan, "--fp32", "--codebook-size", "64", *prof], timeout=1200)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "parity PASSED" in r.stdout
