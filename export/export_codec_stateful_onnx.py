@@ -2,7 +2,8 @@
 """Export the STATEFUL streaming codec decoder to ONNX and check onnxruntime parity (issue 9).
 
     python export/export_codec_stateful_onnx.py --checkpoint /models/Qwen3-TTS-12Hz-1.7B-CustomVoice \\
-        [--out build/codec_decoder_stateful.onnx] [--opset 18] [--atol 1e-4] [--skip-parity]
+        [--out build/codec_decoder_stateful.onnx] [--opset 18] [--atol 1e-4] [--skip-parity] \\
+        [--no-trt-fusion-barrier]
     python export/export_codec_stateful_onnx.py --preset tiny      # random weights, no checkpoint
 
 I/O (all with a dynamic ``batch`` axis 0; see docs/design/stateful-codec.md for the layout):
@@ -15,8 +16,14 @@ The served model stays stateless: the caller feeds back ``state_out_*`` as the n
 ``state_in_*`` (a new stream starts from all-zero rows). Parity: a stream is decoded through
 onnxruntime (CPU) chunk by chunk with the state carried through ORT, and compared with the
 PyTorch whole-utterance decode; then rows at different positions are batched in one ORT call and
-compared with their solo results. No TensorRT fusion barrier is inserted (not needed on ORT;
-TensorRT is untested for this graph).
+compared with their solo results.
+
+TensorRT fusion barrier: the stateful graph has the same ``pre_transformer.output_proj ->
+Transpose -> ConvTranspose`` site where TensorRT 10.x fused wrongly across rows in the windowed
+codec (qwen3_tts_triton/onnx_export.py). The CLI inserts the same ``Add(x, 0)`` barrier there by
+default (numerically a no-op: the onnxruntime parity runs on the file with the barrier);
+``--no-trt-fusion-barrier`` skips it. ``export/check_parity.py --stateful`` checks per-row
+independence of the engine either way.
 
 Exit codes: 0 ok; 1 parity failed; 2 bad arguments or missing checkpoint.
 The ONNX file is a build artefact (under build/, git-ignored): never commit it.
@@ -48,8 +55,9 @@ def io_names(sd) -> Tuple[List[str], List[str]]:
 
 
 def export_stateful_onnx(decoder, path: str, opset: int = 18, example_batch: int = 2,
-                         example_frames: int = 11) -> str:
-    """Export ``StatefulCodecDecoder(decoder)`` (fp32) with dynamic batch and frames axes."""
+                         example_frames: int = 11, trt_fusion_barrier: bool = False) -> str:
+    """Export ``StatefulCodecDecoder(decoder)`` (fp32) with dynamic batch and frames axes;
+    ``trt_fusion_barrier``: then insert the TensorRT fusion barrier (module docstring)."""
     import warnings
 
     import onnx
@@ -79,6 +87,10 @@ def export_stateful_onnx(decoder, path: str, opset: int = 18, example_batch: int
                           do_constant_folding=True, input_names=in_names, output_names=out_names,
                           dynamic_axes=dyn)
     onnx.checker.check_model(onnx.load(path))
+    if trt_fusion_barrier:
+        from qwen3_tts_triton.onnx_export import apply_trt_fusion_barrier_file
+
+        apply_trt_fusion_barrier_file(path, path)
     return path
 
 
@@ -166,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--opset", type=int, default=18)
     ap.add_argument("--atol", type=float, default=1e-4)
     ap.add_argument("--skip-parity", action="store_true")
+    ap.add_argument("--no-trt-fusion-barrier", action="store_true",
+                    help="do not insert the TensorRT fusion barrier (see the module docstring)")
     args = ap.parse_args(argv)
     if args.checkpoint and not os.path.isdir(args.checkpoint):
         print(f"error: checkpoint directory not found: {args.checkpoint}", file=sys.stderr)
@@ -175,8 +189,9 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     dec = _load(args)
     t0 = time.time()
-    export_stateful_onnx(dec, args.out, args.opset)
-    print(f"exported {args.out} in {time.time() - t0:.1f}s")
+    export_stateful_onnx(dec, args.out, args.opset, trt_fusion_barrier=not args.no_trt_fusion_barrier)
+    print(f"exported {args.out} in {time.time() - t0:.1f}s"
+          + ("" if args.no_trt_fusion_barrier else " (with the TensorRT fusion barrier)"))
     if args.skip_parity:
         return EXIT_OK
     r = check_stateful_parity(dec, args.out)

@@ -187,7 +187,7 @@ def test_stateful_scripts_without_tensorrt_exit_3(script, fake_onnx, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def tiny_stateful_onnx(tmp_path_factory):
+def tiny_stateful_onnx_pair(tmp_path_factory):
     pytest.importorskip("onnxruntime")
     import torch
 
@@ -198,9 +198,34 @@ def tiny_stateful_onnx(tmp_path_factory):
     torch.manual_seed(0)
     cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config("tiny")["decoder_config"])
     dec = init_random_codec_weights(CodecDecoder(cfg), 0).eval()
-    path = str(tmp_path_factory.mktemp("stateful_onnx") / "stateful.onnx")
-    _script("export_codec_stateful_onnx").export_stateful_onnx(dec, path)
-    return path
+    d = tmp_path_factory.mktemp("stateful_onnx")
+    mod = _script("export_codec_stateful_onnx")
+    mod.export_stateful_onnx(dec, str(d / "plain.onnx"))
+    mod.export_stateful_onnx(dec, str(d / "barrier.onnx"), trt_fusion_barrier=True)
+    return str(d / "barrier.onnx"), str(d / "plain.onnx")
+
+
+@pytest.fixture(scope="module")
+def tiny_stateful_onnx(tiny_stateful_onnx_pair):
+    return tiny_stateful_onnx_pair[0]
+
+
+def test_fusion_barrier_in_the_stateful_export_is_a_no_op(tiny_stateful_onnx_pair, sd_meta):
+    import onnx
+    import onnxruntime as ort
+
+    from qwen3_tts_triton.onnx_export import count_barrier_nodes
+
+    barrier, plain = tiny_stateful_onnx_pair
+    assert count_barrier_nodes(onnx.load(barrier)) == 6 and count_barrier_nodes(onnx.load(plain)) == 0
+    io = state_io(sd_meta)
+    rng = np.random.default_rng(1)
+    feeds = {INPUT_NAME: rng.integers(0, 2048, size=(2, 7, 16), dtype=np.int64)}
+    feeds.update({s.input_name: (rng.standard_normal((2,) + s.row_shape).astype(np.float32) if s.is_float
+                                 else np.array([3, 80])) for s in io})
+    outs = [ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, feeds) for p in (barrier, plain)]
+    assert max(float(np.abs(a - b).max()) for a, b in zip(*outs)) <= 1e-6
+    assert np.abs(outs[1][0]).max() > 0  # not a trivially zero output
 
 
 def test_exported_onnx_matches_the_layout(tiny_stateful_onnx, sd_meta):
