@@ -194,3 +194,46 @@ def test_codec_session_is_used_and_closed_once_per_request():
         assert send.finals == 1 and codec.calls == []  # decode() of the client itself is not used
         assert [s.closed for s in codec.sessions] == [1]
         assert codec.lefts and (send.items[-1][0] == "error") == fail
+
+
+class SlotProbe(Sender):
+    """Records how many requests the service held in flight when each FINAL went out."""
+
+    def __init__(self, svc):
+        super().__init__()
+        self.svc, self.in_flight_at_final = svc, []
+
+    def audio(self, samples, final):
+        if final:
+            self.in_flight_at_final.append(self.svc.admission.in_flight)
+        super().audio(samples, final)
+
+    def error(self, err):
+        self.in_flight_at_final.append(self.svc.admission.in_flight)
+        super().error(err)
+
+
+@pytest.mark.parametrize("case", ["ok", "cancel", "talker_fails"])
+def test_admission_slot_is_free_before_the_final_response(case):
+    """A closed-loop client sends its next request when it sees FINAL: the slot must be free then
+    (a request admitted at the limit would otherwise be refused), on success, cancel and error."""
+
+    class FailingTalker(FakeTalker):
+        async def stream(self, rid, inputs):
+            yield self.frames[:3]
+            raise RuntimeError("talker: boom")
+
+    talker = FailingTalker(FRAMES) if case == "talker_fails" else FakeTalker(FRAMES, 2)
+    svc = service(talker, max_in_flight=1, max_queued=0)
+    send = SlotProbe(svc)
+    n = {"i": 0}
+
+    def cancelled():
+        n["i"] += 1
+        return case == "cancel" and n["i"] > 3
+
+    asyncio.run(svc.handle({"text": b("hello")}, send, cancelled))
+    assert send.finals == 1 and send.in_flight_at_final == [0], (case, send.items[-1])
+    assert svc.admission.in_flight == 0
+    expected_last = {"ok": "audio", "cancel": "error", "talker_fails": "error"}[case]
+    assert send.items[-1][0] == expected_last

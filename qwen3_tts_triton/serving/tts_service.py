@@ -48,6 +48,30 @@ class Sender(Protocol):
     def error(self, err: Exception) -> None: ...  # always final
 
 
+class _FreeSlotBeforeFinal:
+    """Wraps a request's :class:`Sender` so that the admission slot is freed just before the FINAL
+    response goes out: a client that sends its next request as soon as it sees FINAL (a closed
+    loop at the admission limit) then finds the slot free. ``free()`` is idempotent; the handler
+    also calls it in its ``finally`` for paths that end without a FINAL from here."""
+
+    def __init__(self, send: "Sender", free: Callable[[], None]):
+        self._send, self._free, self._done = send, free, False
+
+    def free(self) -> None:
+        if not self._done:
+            self._done = True
+            self._free()
+
+    def audio(self, samples: np.ndarray, final: bool) -> None:
+        if final:
+            self.free()
+        self._send.audio(samples, final)
+
+    def error(self, err: Exception) -> None:
+        self.free()
+        self._send.error(err)
+
+
 @dataclass
 class Metrics:
     """Hooks for the adapter's Triton custom metrics (no-ops by default)."""
@@ -167,6 +191,12 @@ class TtsService:
             send.error(e)
             return
         self.metrics.in_flight(self.admission.in_flight)
+
+        def free_slot():
+            self.admission.release()
+            self.metrics.in_flight(self.admission.in_flight)
+
+        send = _FreeSlotBeforeFinal(send, free_slot)
         rid = f"tts-{uuid.uuid4().hex[:16]}"
         finished = False
         session = None
@@ -178,9 +208,7 @@ class TtsService:
             except Exception as e:  # noqa: BLE001 - RequestError (INVALID_ARG) or an encoder failure
                 if not isinstance(e, RequestError):
                     log.exception("reference encoding of %s failed", rid)
-                send.error(e)
-                self.admission.release()
-                self.metrics.in_flight(self.admission.in_flight)
+                send.error(e)  # frees the slot first
                 return
         try:
             session = open_session(self.codec)
@@ -240,8 +268,7 @@ class TtsService:
                     log.exception("closing the codec session of %s failed", rid)
                 if getattr(session, "stateful", False):
                     self.codec_states.add(-1)
-            self.admission.release()
-            self.metrics.in_flight(self.admission.in_flight)
+            send.free()  # no-op when a FINAL already freed it
 
     async def _resolve_voice(self, req: TtsRequest) -> ResolvedVoice:
         if self.encode is None:
