@@ -92,6 +92,39 @@ class EngineConfig:
                 bad("max_num_batched_tokens", f"must be an int >= max_num_seqs, got {self.max_num_batched_tokens!r}")
 
 
+def check_prompt_frames_trailing(req: "TalkerRequest", hidden: int, max_model_len: int,
+                                 max_trailing_tokens: int):
+    """The checks both engines make before scheduling: prompt and trailing shapes, the frame
+    budget within ``max_model_len``, and temperature. Returns (prompt_embeds, trailing) tensors."""
+    import math
+
+    import torch
+
+    pe = torch.as_tensor(req.prompt_embeds)
+    if pe.dim() != 2 or pe.shape[1] != hidden:
+        raise EngineError(f"prompt_embeds must be [L, {hidden}], got {tuple(pe.shape)}")
+    L = int(pe.shape[0])
+    if L < 1:
+        raise EngineError("prompt_embeds is empty")
+    if L > max_model_len - 2:
+        raise EngineError(f"prompt of {L} rows is too long: max_model_len={max_model_len} "
+                          f"allows at most {max_model_len - 2} prompt rows (+1 frame)")
+    limit = max_model_len - L - 1
+    if not isinstance(req.max_frames, int) or isinstance(req.max_frames, bool) or req.max_frames < 1:
+        raise EngineError(f"max_frames must be a positive int, got {req.max_frames!r}")
+    if req.max_frames > limit:
+        raise EngineError(f"max_frames={req.max_frames} exceeds max_model_len - prompt_len - 1 "
+                          f"= {limit} for a prompt of {L} rows (max_model_len={max_model_len})")
+    tr = torch.as_tensor(req.trailing if req.trailing is not None else torch.zeros(0, hidden))
+    if tr.dim() != 2 or tr.shape[1] != hidden:
+        raise EngineError(f"trailing must be [N, {hidden}], got {tuple(tr.shape)}")
+    if tr.shape[0] > max_trailing_tokens:
+        raise EngineError(f"trailing text of {tr.shape[0]} rows > max_trailing_tokens={max_trailing_tokens}")
+    if not (req.greedy or (req.temperature > 0 and math.isfinite(req.temperature))):
+        raise EngineError("temperature must be > 0 unless greedy")
+    return pe, tr
+
+
 @dataclass
 class TalkerRequest:
     """One talker generation. ``prompt_embeds [L, D]`` and ``trailing [N, D]`` (may be empty).
@@ -283,36 +316,8 @@ class TalkerEngine:
     # -- requests -------------------------------------------------------------------------
     def check_request(self, req: TalkerRequest):
         """Refuse what cannot run, before anything is scheduled. Returns (embeds, trailing)."""
-        import torch
-
         c = self.config
-        pe = torch.as_tensor(req.prompt_embeds)
-        if pe.dim() != 2 or pe.shape[1] != self.hidden:
-            raise EngineError(f"prompt_embeds must be [L, {self.hidden}], got {tuple(pe.shape)}")
-        L = int(pe.shape[0])
-        if L < 1:
-            raise EngineError("prompt_embeds is empty")
-        if L > c.max_model_len - 2:
-            raise EngineError(f"prompt of {L} rows is too long: max_model_len={c.max_model_len} "
-                              f"allows at most {c.max_model_len - 2} prompt rows (+1 frame)")
-        limit = c.max_model_len - L - 1
-        if not isinstance(req.max_frames, int) or req.max_frames < 1:
-            raise EngineError(f"max_frames must be a positive int, got {req.max_frames!r}")
-        if req.max_frames > limit:
-            raise EngineError(f"max_frames={req.max_frames} exceeds max_model_len - prompt_len - 1 "
-                              f"= {limit} for a prompt of {L} rows (max_model_len={c.max_model_len})")
-        tr = req.trailing
-        if tr is None:
-            tr = torch.zeros(0, self.hidden)
-        tr = torch.as_tensor(tr)
-        if tr.dim() != 2 or tr.shape[1] != self.hidden:
-            raise EngineError(f"trailing must be [N, {self.hidden}], got {tuple(tr.shape)}")
-        if tr.shape[0] > c.max_trailing_tokens:
-            raise EngineError(f"trailing text of {tr.shape[0]} rows > max_trailing_tokens="
-                              f"{c.max_trailing_tokens}")
-        if not (req.greedy or req.temperature > 0):
-            raise EngineError("temperature must be > 0 unless greedy")
-        return pe, tr
+        return check_prompt_frames_trailing(req, self.hidden, c.max_model_len, c.max_trailing_tokens)
 
     def sampling_params(self, req: TalkerRequest, prompt_len: int, trailing):
         from vllm import SamplingParams

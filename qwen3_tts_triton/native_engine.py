@@ -52,7 +52,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .engine import EngineError, TalkerRequest
+from .engine import EngineError, TalkerRequest, check_prompt_frames_trailing
 
 __all__ = ["NativeEngineConfig", "NativeEngine", "NativeModel", "EngineError", "TalkerRequest",
            "gumbel_noise", "hash_seed"]
@@ -888,31 +888,7 @@ class NativeEngine:
             raise EngineError(f"expected a TalkerRequest, got {type(req).__name__}")
         if not isinstance(req.request_id, str) or not req.request_id:
             raise EngineError("request_id must be a non-empty string")
-        D = self.model.D
-        pe = torch.as_tensor(req.prompt_embeds)
-        if pe.dim() != 2 or pe.shape[1] != D:
-            raise EngineError(f"prompt_embeds must be [L, {D}], got {tuple(pe.shape)}")
-        L = int(pe.shape[0])
-        if L < 1:
-            raise EngineError("prompt_embeds is empty")
-        if L > c.max_model_len - 2:
-            raise EngineError(f"prompt of {L} rows is too long: max_model_len={c.max_model_len} "
-                              f"allows at most {c.max_model_len - 2} prompt rows (+1 frame)")
-        limit = c.max_model_len - L - 1
-        if not isinstance(req.max_frames, int) or isinstance(req.max_frames, bool) or req.max_frames < 1:
-            raise EngineError(f"max_frames must be a positive int, got {req.max_frames!r}")
-        if req.max_frames > limit:
-            raise EngineError(f"max_frames={req.max_frames} exceeds max_model_len - prompt_len - 1 "
-                              f"= {limit} for a prompt of {L} rows (max_model_len={c.max_model_len})")
-        tr = req.trailing if req.trailing is not None else torch.zeros(0, D)
-        tr = torch.as_tensor(tr)
-        if tr.dim() != 2 or tr.shape[1] != D:
-            raise EngineError(f"trailing must be [N, {D}], got {tuple(tr.shape)}")
-        if tr.shape[0] > c.max_trailing_tokens:
-            raise EngineError(f"trailing text of {tr.shape[0]} rows > max_trailing_tokens="
-                              f"{c.max_trailing_tokens}")
-        if not (req.greedy or (req.temperature > 0 and math.isfinite(req.temperature))):
-            raise EngineError("temperature must be > 0 unless greedy")
+        pe, tr = check_prompt_frames_trailing(req, self.model.D, c.max_model_len, c.max_trailing_tokens)
         sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
         if not (sub_greedy or (req.sub_temperature > 0 and math.isfinite(req.sub_temperature))):
             raise EngineError("sub_temperature must be > 0 unless sub_greedy")
