@@ -304,3 +304,83 @@ def test_trt_stateful_build_and_parity_on_tiny_export(tiny_stateful_onnx, tmp_pa
               "--engine", plan, "--fp32", "--codebook-size", "64", *prof], timeout=1200)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "parity PASSED" in r.stdout
+
+
+# --- the TensorRT stateful codec in the model repository ----------------------------------------
+
+
+def _io_entries(text):
+    """name -> the entry's text, for every `{ name: ... }` I/O entry of a config.pbtxt."""
+    import re
+
+    return {m.group(1): m.group(0) for m in re.finditer(r'\{\s*name: "(\w+)"[^\n]*', text)}
+
+
+def test_repository_tensorrt_stateful_codec(tiny_checkpoint, tmp_path):
+    import re
+
+    from qwen3_tts_triton.serving.model_config import TtsModelConfig
+    from qwen3_tts_triton.serving.repository import RepositoryError, RepositorySettings, build_repository
+    from qwen3_tts_triton.serving.stateful_codec import state_specs_from_checkpoint
+
+    plan = tmp_path / "stateful.plan"
+    plan.write_bytes(b"not really a plan")
+    common = dict(checkpoint=str(tiny_checkpoint), codec_backend="python", codec_mode="stateful")
+    out = build_repository(RepositorySettings(device="gpu", codec_stateful_backend="tensorrt", stateful_plan=str(plan),
+                                              codec_dtype="bfloat16", **common), str(tmp_path / "trt"))
+    text = open(os.path.join(out, "codec_decoder_stateful", "config.pbtxt")).read()
+    assert "${" not in text and 'platform: "tensorrt_plan"' in text and "backend:" not in text
+    assert re.search(r"max_batch_size: 64\b", text) and "dynamic_batching {" in text and "KIND_GPU" in text
+    assert "optional: true" not in text and 'name: "start"' not in text
+    assert open(os.path.join(out, "codec_decoder_stateful", "1", "model.plan"), "rb").read() == plan.read_bytes()
+    assert not os.path.exists(os.path.join(out, "codec_decoder_stateful", "1", "model.py"))
+    # the same I/O names as the Python stateful model (minus `start`), float32 state (engine I/O)
+    py = build_repository(RepositorySettings(device="gpu", **common), str(tmp_path / "py"))
+    py_text = open(os.path.join(py, "codec_decoder_stateful", "config.pbtxt")).read()
+    trt_io, py_io = _io_entries(text), _io_entries(py_text)
+    assert set(trt_io) == set(py_io) - {"start"}
+    specs = state_specs_from_checkpoint(str(tiny_checkpoint))
+    assert len(trt_io) == 2 + 2 * len(specs)
+    for s in specs:
+        for name in (s.input_name, s.output_name):
+            e = trt_io[name]
+            assert ("TYPE_FP32" if s.is_float else "TYPE_INT64") in e
+            assert f"dims: [ {', '.join(map(str, s.dims))} ]" in e
+            assert ("reshape: { shape: [ ] }" in e) == (s.name == "pos")
+    tts = open(os.path.join(out, "tts", "config.pbtxt")).read()
+    params = dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', tts))
+    cfg = TtsModelConfig.from_parameters(params)
+    assert cfg.codec_zero_state_start is True and cfg.codec_model == "codec_decoder_stateful"
+    py_tts = dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}',
+                             open(os.path.join(py, "tts", "config.pbtxt")).read()))
+    assert TtsModelConfig.from_parameters(py_tts).codec_zero_state_start is False
+
+    for kw, msg in [
+        (dict(device="cpu", codec_stateful_backend="tensorrt", stateful_plan=str(plan)), "needs device gpu"),
+        (dict(device="gpu", codec_stateful_backend="tensorrt"), "needs --stateful-plan"),
+        (dict(device="gpu", codec_stateful_backend="tensorrt", stateful_plan=str(tmp_path / "none")), "no such file"),
+        (dict(device="gpu", codec_stateful_backend="onnx"), "codec_stateful_backend must be one of python, tensorrt"),
+    ]:
+        with pytest.raises(RepositoryError, match=msg):
+            build_repository(RepositorySettings(**common, **kw), str(tmp_path / "bad"))
+    with pytest.raises(RepositoryError, match="needs codec_mode stateful"):
+        build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python", device="gpu",
+                                            codec_stateful_backend="tensorrt", stateful_plan=str(plan)),
+                         str(tmp_path / "bad"))
+
+
+def test_zero_state_inputs(sd_meta):
+    from qwen3_tts_triton.serving.stateful_codec import state_specs, zero_state_inputs
+
+    specs = state_specs(sd_meta)
+    z = zero_state_inputs(specs)
+    assert [n for n, _ in z] == [s.input_name for s in specs]
+    for (n, a), s in zip(z, specs):
+        assert a.shape == (1,) + s.dims and not a.any()
+        assert a.dtype == (np.float32 if s.is_float else np.int64)
+    # the Python stateful model takes the same zero state as a first chunk (start not sent)
+    from qwen3_tts_triton.serving.stateful_codec import parse_request
+
+    req = parse_request(np.zeros((1, 2, 16), np.int64), None, dict(z), specs)
+    assert req.state is not None and req.state["pos"].shape == (1,)
+    assert all(not bool(v.any()) for v in req.state.values())

@@ -186,6 +186,9 @@ class TtsModelConfig:
     talker_model: str = "talker"
     codec_model: str = "codec_decoder"
     codec_mode: str = "windowed"  # windowed | stateful (codec_model is then the stateful codec)
+    # stateful codec without optional inputs (TensorRT): a stream's first chunk sends an all-zero
+    # state instead of start=true
+    codec_zero_state_start: bool = False
     default_task_type: str = ""  # empty: the checkpoint's own task type
     default_speaker: str = ""
     default_language: str = "auto"

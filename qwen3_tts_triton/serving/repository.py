@@ -55,6 +55,10 @@ class RepositorySettings:
     codec_mode: str = "windowed"  # windowed | stateful (adds codec_decoder_stateful; tts left context 0)
     # stateful codec on GPU: CUDA-graph frame counts ("" = the chunk schedule's sizes plus 1)
     codec_stateful_frame_buckets: str = ""
+    # codec_mode stateful: codec_decoder_stateful on the Python backend (torch; CUDA graphs on GPU) or
+    # a TensorRT plan (export/build_trt_engine.py --stateful), then the tts sends zero state first
+    codec_stateful_backend: str = "python"  # python | tensorrt
+    stateful_plan: str = ""  # TensorRT plan of the stateful codec (codec_stateful_backend tensorrt)
     # tts
     default_speaker: str = ""
     default_max_frames: int = 2048
@@ -70,13 +74,24 @@ class RepositorySettings:
     def validate(self) -> None:
         for name, allowed in (("codec_backend", ("tensorrt", "python")), ("device", ("gpu", "cpu")),
                               ("engine", ("vllm", "native")), ("codec_runtime", ("torch", "onnxruntime")),
-                              ("codec_mode", ("windowed", "stateful"))):
+                              ("codec_mode", ("windowed", "stateful")),
+                              ("codec_stateful_backend", ("python", "tensorrt"))):
             if getattr(self, name) not in allowed:
                 raise RepositoryError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if self.codec_backend == "tensorrt" and self.device == "cpu":
             raise RepositoryError("codec_backend tensorrt needs device gpu (use --codec-backend python on CPU)")
         if self.codec_backend == "tensorrt" and self.plan and not os.path.exists(self.plan):
             raise RepositoryError(f"TensorRT plan {self.plan} does not exist (build it with export/build_trt_engine.py)")
+        if self.codec_stateful_backend == "tensorrt":
+            if self.codec_mode != "stateful":
+                raise RepositoryError("codec_stateful_backend tensorrt needs codec_mode stateful")
+            if self.device == "cpu":
+                raise RepositoryError("codec_stateful_backend tensorrt needs device gpu "
+                                      "(use --codec-stateful-backend python on CPU)")
+            if not self.stateful_plan or not os.path.isfile(self.stateful_plan):
+                raise RepositoryError(f"codec_stateful_backend tensorrt needs --stateful-plan, the stateful codec's "
+                                      f"TensorRT plan (export/build_trt_engine.py --stateful); got "
+                                      f"{self.stateful_plan or 'none'!r}" + (" (no such file)" if self.stateful_plan else ""))
         if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
             raise RepositoryError(f"{self.checkpoint} is not a checkpoint directory (no config.json)")
 
@@ -137,12 +152,18 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         or str(s.codec_max_batch_size),
         default_speaker=default_speaker,
         tts_codec_model="codec_decoder",
+        codec_zero_state_start="false",
     )
     stateful = s.codec_mode == "stateful"
     if stateful:
-        from .stateful_codec import config_io_blocks, state_specs_from_checkpoint
+        from .stateful_codec import config_io_blocks, state_specs_from_checkpoint, trt_config_io_blocks
 
-        ins, outs = config_io_blocks(state_specs_from_checkpoint(ckpt), s.codec_dtype)
+        specs = state_specs_from_checkpoint(ckpt)
+        if s.codec_stateful_backend == "tensorrt":
+            ins, outs = trt_config_io_blocks(specs)
+            values.update(codec_zero_state_start="true")
+        else:
+            ins, outs = config_io_blocks(specs, s.codec_dtype)
         values.update(codec_state_inputs=ins, codec_state_outputs=outs, left_context_frames="0",
                       tts_codec_model="codec_decoder_stateful",
                       codec_stateful_frame_buckets=stateful_frame_buckets(s))
@@ -151,7 +172,8 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
     models = {"talker": "talker", "tts": "tts",
               "codec_decoder": "codec_decoder" if s.codec_backend == "tensorrt" else "codec_decoder_python"}
     if stateful:
-        models["codec_decoder_stateful"] = "codec_stateful_python"
+        models["codec_decoder_stateful"] = ("codec_stateful_trt" if s.codec_stateful_backend == "tensorrt"
+                                            else "codec_stateful_python")
     for name, src in models.items():
         src_dir = os.path.join(templates, src)
         dst_dir = os.path.join(out_dir, name, "1")
@@ -169,6 +191,8 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
             raise RepositoryError(f"no TensorRT plan at {plan}: build it with export/build_trt_engine.py "
                                   "or pass --plan (or use --codec-backend python)")
         shutil.copy2(plan, os.path.join(out_dir, "codec_decoder", "1", "model.plan"))
+    if stateful and s.codec_stateful_backend == "tensorrt":
+        shutil.copy2(s.stateful_plan, os.path.join(out_dir, "codec_decoder_stateful", "1", "model.plan"))
     with open(os.path.join(out_dir, "build.json"), "w") as f:
         json.dump({"settings": asdict(s), "checkpoint_task_type": cfg.task_type}, f, indent=2)
     return out_dir

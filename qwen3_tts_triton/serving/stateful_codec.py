@@ -88,6 +88,28 @@ def config_io_blocks(specs: Sequence[StateSpec], dtype: str = "float32") -> Tupl
     return ",\n".join(ins), ",\n".join(outs)
 
 
+def trt_config_io_blocks(specs: Sequence[StateSpec]) -> Tuple[str, str]:
+    """``(inputs, outputs)`` pbtxt entries of the state tensors for the TensorRT stateful codec:
+    the same names and Triton dims as :func:`config_io_blocks` (float32: the engine's I/O), but
+    every state input is required (no optional inputs: a new stream sends an all-zero state, see
+    :func:`zero_state_inputs`), and ``pos``, which the engine takes as ``[batch]``, is declared
+    ``[1]`` with ``reshape: { shape: [ ] }``."""
+    ins, outs = [], []
+    for s in specs:
+        t = _TRITON_DTYPES["float32"] if s.is_float else "TYPE_INT64"
+        dims = ", ".join(str(d) for d in s.dims)
+        reshape = " reshape: { shape: [ ] }" if s.name == POS_NAME else ""
+        ins.append(f'  {{ name: "{s.input_name}" data_type: {t} dims: [ {dims} ]{reshape} }}')
+        outs.append(f'  {{ name: "{s.output_name}" data_type: {t} dims: [ {dims} ]{reshape} }}')
+    return ",\n".join(ins), ",\n".join(outs)
+
+
+def zero_state_inputs(specs: Sequence[StateSpec], dtype=np.float32) -> List[Tuple[str, np.ndarray]]:
+    """``(input name, all-zero array [1, *dims])`` per state tensor: a stream's first chunk for a
+    codec without optional inputs (TensorRT), instead of ``start=true``. ``pos`` is int64."""
+    return [(s.input_name, np.zeros((1,) + tuple(s.dims), dtype if s.is_float else np.int64)) for s in specs]
+
+
 # ---------------------------------------------------------------------------------------------
 # The codec model's batching
 

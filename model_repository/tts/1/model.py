@@ -30,7 +30,8 @@ from qwen3_tts_triton.serving.request import TTS_INPUTS, RequestError  # noqa: E
 from qwen3_tts_triton.serving.tts_service import SAMPLE_RATE, Metrics, TtsService  # noqa: E402
 from qwen3_tts_triton.serving.codec_batch import bucket  # noqa: E402
 from qwen3_tts_triton.serving.errors import error_code_name  # noqa: E402
-from qwen3_tts_triton.serving.stateful_codec import StatefulSession, state_specs_from_checkpoint  # noqa: E402
+from qwen3_tts_triton.serving.stateful_codec import (  # noqa: E402
+    StatefulSession, state_specs_from_checkpoint, zero_state_inputs)
 
 
 def tensors_from_dict(d):
@@ -126,10 +127,12 @@ class _StatefulCodecBLS:
     the stream's state (none and start=true on the first chunk) and keeps the returned state.
     State stays on the GPU as DLPack tensors when the codec runs there."""
 
-    def __init__(self, model_name: str, checkpoint: str):
+    def __init__(self, model_name: str, checkpoint: str, zero_start: bool = False):
         self.model_name = model_name
         self.specs = state_specs_from_checkpoint(checkpoint)
         self.outputs = ["audio_values"] + [s.output_name for s in self.specs]
+        # a codec without optional inputs (TensorRT) gets an all-zero state instead of start=true
+        self.zero_start = zero_state_inputs(self.specs) if zero_start else None
 
     def session(self):
         return StatefulSession(self.step)
@@ -139,7 +142,9 @@ class _StatefulCodecBLS:
 
     async def step(self, codes, state):
         inputs = [pb_utils.Tensor("audio_codes", np.ascontiguousarray(codes, dtype=np.int64)[None])]
-        if state is None:
+        if state is None and self.zero_start is not None:
+            inputs += [pb_utils.Tensor(name, z) for name, z in self.zero_start]
+        elif state is None:
             inputs.append(pb_utils.Tensor("start", np.ones((1, 1), np.bool_)))
         else:
             inputs += [_send(s.input_name, state[s.name]) for s in self.specs]
@@ -184,7 +189,7 @@ class TritonPythonModel:
         ckpt = Qwen3TTSConfig.from_file(os.path.join(self.cfg.checkpoint, "config.json"))
         self._init_metrics()
         if self.cfg.codec_mode == "stateful":
-            codec = _StatefulCodecBLS(self.cfg.codec_model, self.cfg.checkpoint)
+            codec = _StatefulCodecBLS(self.cfg.codec_model, self.cfg.checkpoint, self.cfg.codec_zero_state_start)
         else:
             codec = _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets)
         self.encoders = None
