@@ -272,7 +272,14 @@ def stateful_checks(args, run_engine) -> bool:
     def as_input(outs):  # state_out_* of one call -> state_in_* of the next
         return {s.input_name: np.ascontiguousarray(outs[s.output_name]) for s in io}
 
-    def real_state(b):
+    states = {}
+
+    def real_state(b):  # one per batch size (onnxruntime warm-up of every row is the slow part)
+        if b not in states:
+            states[b] = _real_state(b)
+        return states[b]
+
+    def _real_state(b):
         rows = []
         for p in row_positions(b):
             st = zero_state(1)
