@@ -29,8 +29,16 @@ TEXT = "Hello world, this is a streaming test."
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
-    srv = start_tts_server(tiny_checkpoint, tmp_path_factory.mktemp("tts_server"),
-                           left_context_frames=150, max_in_flight=4, max_queued=4)
+    import os
+
+    work = tmp_path_factory.mktemp("tts_server")
+    # the stubs' profiler on (diagnostics, docs/benchmarks.md): test_stub_profiles reads its files
+    os.environ["QWEN3_TTS_PROFILE_DIR"] = str(work / "profiles")
+    try:
+        srv = start_tts_server(tiny_checkpoint, work, left_context_frames=150, max_in_flight=4, max_queued=4)
+    finally:
+        del os.environ["QWEN3_TTS_PROFILE_DIR"]
+    srv.profile_dir = work / "profiles"
     yield srv
     srv.stop()
 
@@ -263,3 +271,32 @@ def test_benchmark_service_smoke(server, tmp_path):
     assert [float(x["level"]) for x in rows] == [1.0, 2.0] and "ttfa_p95" in rows[0]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert_ready(server)
+
+
+def test_stub_profiles_and_ttfa_breakdown(server):
+    """With QWEN3_TTS_PROFILE_DIR the tts, talker and codec stubs write stack-sample profiles, the
+    tts records each codec call's time, and the time to the talker's first frames is a metric."""
+    import json
+
+    n0 = metric(server, "qwen3_tts_time_to_first_frames_seconds_count")
+    synth(server, text="profile me", max_frames=12)
+    assert metric(server, "qwen3_tts_time_to_first_frames_seconds_count") == n0 + 1
+    assert metric(server, "qwen3_tts_time_to_first_frames_seconds_sum") > 0
+
+    def load(prefix):
+        files = sorted(server.profile_dir.glob(f"{prefix}-*.json"))
+        return json.loads(files[-1].read_text()) if files else None
+
+    deadline = time.time() + 30  # the stubs rewrite their file every 5 s
+    while time.time() < deadline:
+        tts = load("tts")
+        if tts and tts["timings"].get("codec_call", {}).get("count", 0) > 0 and load("talker") and load("codec_decoder"):
+            break
+        time.sleep(1)
+    tts = load("tts")
+    assert tts is not None, list(server.profile_dir.glob("*"))
+    assert tts["timings"]["codec_call"]["count"] > 0 and tts["timings"]["codec_call"]["mean_s"] > 0
+    assert "tts-loop" in tts["threads"] and tts["process_cpu_s"] > 0
+    talker = load("talker")
+    assert talker is not None and "talker-loop" in talker["threads"]
+    assert load("codec_decoder") is not None

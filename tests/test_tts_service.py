@@ -237,3 +237,22 @@ def test_admission_slot_is_free_before_the_final_response(case):
     assert svc.admission.in_flight == 0
     expected_last = {"ok": "audio", "cancel": "error", "talker_fails": "error"}[case]
     assert send.items[-1][0] == expected_last
+
+
+def test_ttfa_breakdown_hooks():
+    """first_frames once per request, no later than first_audio; codec_call once per codec call."""
+    from qwen3_tts_triton.serving.tts_service import Metrics
+
+    seen = {"first_frames": [], "first_audio": [], "codec_call": []}
+    metrics = Metrics(first_frames=seen["first_frames"].append, first_audio=seen["first_audio"].append,
+                      codec_call=seen["codec_call"].append)
+    talker, codec, send = FakeTalker(FRAMES, 3, delay=0.001), FakeCodec(), Sender()
+    cfg = TtsModelConfig(checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8,
+                         left_context_frames=5)
+    svc = TtsService(cfg, Qwen3TTSConfig.from_dict(presets.main_config("tiny")), talker, codec, metrics)
+    asyncio.run(svc.handle({"text": b("hello")}, send))
+    assert send.finals == 1
+    assert len(seen["first_frames"]) == 1 and len(seen["first_audio"]) == 1
+    assert 0 <= seen["first_frames"][0] <= seen["first_audio"][0]
+    assert len(seen["codec_call"]) == len(codec.calls) > 1
+    assert all(s >= 0 for s in seen["codec_call"])

@@ -55,6 +55,7 @@ async def stream_audio(
     samples_per_frame: int = SAMPLES_PER_FRAME,
     prefix: Optional[np.ndarray] = None,
     left_context_frames: int = 0,
+    on_first_frames: Optional[Callable[[], None]] = None,
 ) -> AsyncIterator[AudioChunk]:
     """Yield trimmed audio chunks in order; the last one has ``final=True`` (possibly empty).
 
@@ -63,6 +64,7 @@ async def stream_audio(
     ``left_context_frames`` frames of context in total, the missing ones from the end of the
     prefix, as the official wrapper decodes ``concat(ref_codes, generated)`` and drops the
     reference's samples (spec 3.5). Windows stay within ``left_context_frames`` + chunk.
+    ``on_first_frames`` is called once, when the talker's first frames arrive (TTFA breakdown).
     """
     codes: List[np.ndarray] = [] if prefix is None else [np.asarray(prefix).reshape(-1, 16)]
     n_prefix = 0 if prefix is None else codes[0].shape[0]
@@ -84,6 +86,9 @@ async def stream_audio(
         return AudioChunk(audio, chunk.start, chunk.end - chunk.start, chunk.final)
 
     async for item in frames:
+        if on_first_frames is not None:
+            on_first_frames()
+            on_first_frames = None
         if cancelled():
             raise Cancelled()
         item = np.asarray(item)

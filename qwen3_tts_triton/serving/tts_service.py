@@ -77,6 +77,8 @@ class Metrics:
     """Hooks for the adapter's Triton custom metrics (no-ops by default)."""
 
     first_audio: Callable[[float], None] = lambda seconds: None
+    first_frames: Callable[[float], None] = lambda seconds: None  # arrival -> the talker's first frames
+    codec_call: Callable[[float], None] = lambda seconds: None  # one codec call as the tts waits for it
     frames: Callable[[int], None] = lambda n: None
     audio_seconds: Callable[[float], None] = lambda s: None
     in_flight: Callable[[int], None] = lambda n: None
@@ -227,8 +229,17 @@ class TtsService:
             collected = []
             first = True
             n_frames = 0
-            async for chunk in stream_audio(frames, session.decode, scheduler, cancelled, prefix=prefix,
-                                            left_context_frames=self.schedule.left_context_frames):
+            async def decode(codes, left_context, _decode=session.decode):
+                t = time.monotonic()
+                try:
+                    return await _decode(codes, left_context)
+                finally:
+                    self.metrics.codec_call(time.monotonic() - t)
+
+            async for chunk in stream_audio(
+                    frames, decode, scheduler, cancelled, prefix=prefix,
+                    left_context_frames=self.schedule.left_context_frames,
+                    on_first_frames=lambda: self.metrics.first_frames(time.monotonic() - t0)):
                 n_frames += chunk.num_frames
                 if chunk.samples.size and first:
                     first = False

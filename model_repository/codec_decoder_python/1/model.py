@@ -19,6 +19,7 @@ import json  # noqa: E402
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from qwen3_tts_triton import profiling  # noqa: E402
 from qwen3_tts_triton.serving.codec_batch import check_codes, decode_batched  # noqa: E402
 from qwen3_tts_triton.serving.codec_runtime import make_codec  # noqa: E402
 from qwen3_tts_triton.serving.model_config import (  # noqa: E402
@@ -27,6 +28,7 @@ from qwen3_tts_triton.serving.model_config import (  # noqa: E402
 
 class TritonPythonModel:
     def initialize(self, args):
+        profiling.maybe_start("codec_decoder")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         model_config = json.loads(args["model_config"])
         self.cfg = CodecModelConfig.from_parameters(parameters_from_model_config(model_config))
         self.max_batch = int(model_config.get("max_batch_size", 0)) or None
@@ -59,3 +61,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.codec = None
+        profiling.stop()

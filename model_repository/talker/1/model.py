@@ -30,6 +30,7 @@ import uuid  # noqa: E402
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from qwen3_tts_triton import profiling  # noqa: E402
 from qwen3_tts_triton.serving.errors import error_code_name  # noqa: E402
 from qwen3_tts_triton.serving.model_config import TalkerModelConfig, parameters_from_model_config  # noqa: E402
 from qwen3_tts_triton.serving.talker_engines import make_engine, make_frontend  # noqa: E402
@@ -45,6 +46,7 @@ def _error(err):
 
 class TritonPythonModel:
     def initialize(self, args):
+        profiling.maybe_start("talker")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         self.cfg = TalkerModelConfig.from_parameters(parameters_from_model_config(json.loads(args["model_config"])))
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="talker-loop", daemon=True)
@@ -133,3 +135,4 @@ class TritonPythonModel:
             self._metric = None
             self._responses = None
             self._families.clear()
+            profiling.stop()

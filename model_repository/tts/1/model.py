@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from qwen3_tts_triton import profiling  # noqa: E402
 from qwen3_tts_triton.config import Qwen3TTSConfig  # noqa: E402
 from qwen3_tts_triton.serving.model_config import TtsModelConfig, parameters_from_model_config  # noqa: E402
 from qwen3_tts_triton.serving.pipeline import trim_window  # noqa: E402
@@ -184,6 +185,7 @@ def _log_failure(fut):
 
 class TritonPythonModel:
     def initialize(self, args):
+        profiling.maybe_start("tts")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         model_config = json.loads(args["model_config"])
         self.cfg = TtsModelConfig.from_parameters(parameters_from_model_config(model_config))
         ckpt = Qwen3TTSConfig.from_file(os.path.join(self.cfg.checkpoint, "config.json"))
@@ -214,6 +216,9 @@ class TritonPythonModel:
         self._families = {
             "ttfa": M(name="qwen3_tts_time_to_first_audio_seconds",
                       description="Time from request arrival to the first audio chunk", kind=M.HISTOGRAM),
+            "ttff": M(name="qwen3_tts_time_to_first_frames_seconds",
+                      description="Time from request arrival to the talker's first frames (TTFA minus "
+                                  "the first codec call and the send)", kind=M.HISTOGRAM),
             "frames": M(name="qwen3_tts_frames_total", description="Codec frames decoded", kind=M.COUNTER),
             "secs": M(name="qwen3_tts_audio_seconds_total", description="Audio seconds produced", kind=M.COUNTER),
             "infl": M(name="qwen3_tts_requests_in_flight", description="Requests being served", kind=M.GAUGE),
@@ -237,11 +242,14 @@ class TritonPythonModel:
         }
         f = self._families
         self._metrics = {k: (f[k].Metric(labels=labels, buckets=[0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
-                             if k == "ttfa" else f[k].Metric(labels=labels)) for k in f if k != "enc"}
+                             if k in ("ttfa", "ttff") else f[k].Metric(labels=labels)) for k in f if k != "enc"}
         for name in ("speaker", "codec"):
             self._metrics[f"enc_{name}"] = f["enc"].Metric(labels={**labels, "encoder": name})
         m = self._metrics
-        self.metrics = Metrics(first_audio=m["ttfa"].observe, frames=m["frames"].increment,
+        # codec_call goes to the profiler only: a metric update per chunk is one more IPC per chunk
+        self.metrics = Metrics(first_audio=m["ttfa"].observe, first_frames=m["ttff"].observe,
+                               codec_call=lambda s: profiling.timing("codec_call", s),
+                               frames=m["frames"].increment,
                                audio_seconds=m["secs"].increment, in_flight=m["infl"].set,
                                refused=lambda: m["refused"].increment(1),
                                aborted=lambda: m["cancelled"].increment(1),
@@ -271,3 +279,4 @@ class TritonPythonModel:
             self.encoders.close()
         self._metrics.clear()  # metrics before their families
         self._families.clear()
+        profiling.stop()

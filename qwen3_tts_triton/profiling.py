@@ -1,0 +1,185 @@
+"""Wall-clock stack sampling inside the Triton Python stubs (diagnostics; off unless asked for).
+
+Set ``QWEN3_TTS_PROFILE_DIR=/some/dir`` in tritonserver's environment and every model that calls
+:func:`maybe_start` (``tts``, ``talker``, the Python codecs) writes ``<dir>/<model>-<pid>.json``
+every few seconds and when it is unloaded. The file says, per Python thread, how many CPU seconds
+it used (``time.pthread_getcpuclockid``) and where it stood when sampled (the innermost frames,
+counted), plus the process's CPU seconds and wall seconds, and named timings that the model
+records (:func:`timing`, e.g. each codec call as the tts sees it). A process whose CPU seconds
+approach its wall seconds while the GPU waits is bound by its Python work (one GIL).
+
+Why a sampler of our own rather than py-spy or yappi: py-spy attaches with ptrace, which the GPU
+machine's sandbox refuses to non-root users and which a stub cannot do to itself; yappi and
+cProfile hook every call, which slows an IPC-bound service enough to change what is measured.
+Reading ``sys._current_frames()`` every few milliseconds from a daemon thread costs well under
+one per cent of a core and needs nothing installed. ``python scripts/profile_report.py DIR``
+prints the files as tables.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import threading
+import time
+from typing import Dict, List, Optional
+
+ENV_DIR = "QWEN3_TTS_PROFILE_DIR"
+ENV_INTERVAL = "QWEN3_TTS_PROFILE_INTERVAL_MS"
+
+
+def _frame_label(frame) -> str:
+    code = frame.f_code
+    parts = code.co_filename.replace("\\", "/").split("/")
+    short = "/".join(parts[-2:])
+    return f"{short}:{code.co_name}:{frame.f_lineno}"
+
+
+def _stack(frame, depth: int) -> str:
+    labels: List[str] = []
+    while frame is not None and len(labels) < depth:
+        labels.append(_frame_label(frame))
+        frame = frame.f_back
+    return " <- ".join(labels)
+
+
+class _Timing:
+    __slots__ = ("count", "total", "samples")
+
+    def __init__(self):
+        self.count, self.total, self.samples = 0, 0.0, collections.deque(maxlen=4096)
+
+    def add(self, seconds: float) -> None:
+        self.count += 1
+        self.total += seconds
+        self.samples.append(seconds)
+
+    def summary(self) -> Dict[str, float]:
+        xs = sorted(self.samples)
+
+        def pct(p):
+            return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
+
+        return {"count": self.count, "mean_s": self.total / self.count if self.count else None,
+                "p50_s": pct(0.50), "p95_s": pct(0.95), "p99_s": pct(0.99)}
+
+
+class StackSampler:
+    """Samples every thread's stack every ``interval`` seconds from a daemon thread."""
+
+    def __init__(self, name: str, out_dir: str, interval: float = 0.005, depth: int = 4,
+                 top: int = 12, flush_every: float = 5.0):
+        if interval <= 0:
+            raise ValueError(f"interval must be > 0, got {interval!r}")
+        self.name, self.out_dir, self.interval, self.depth, self.top = name, out_dir, interval, depth, top
+        self.flush_every = flush_every
+        self.path = os.path.join(out_dir, f"{name}-{os.getpid()}.json")
+        self._counts: Dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self._samples: collections.Counter = collections.Counter()
+        self._timings: Dict[str, _Timing] = {}
+        self._cpu_seen: Dict[int, tuple] = {}  # thread ident -> (name, last CPU seconds read)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._t0 = self._cpu0 = 0.0
+
+    # -- recording -------------------------------------------------------------------------
+    def timing(self, key: str, seconds: float) -> None:
+        with self._lock:
+            t = self._timings.get(key)
+            if t is None:
+                t = self._timings[key] = _Timing()
+            t.add(float(seconds))
+
+    def sample_once(self) -> None:
+        me = threading.get_ident()
+        names = {t.ident: t.name for t in threading.enumerate()}
+        frames = sys._current_frames()
+        with self._lock:
+            for ident, frame in frames.items():
+                if ident == me:
+                    continue
+                tname = names.get(ident, f"thread-{ident}")
+                self._samples[tname] += 1
+                self._counts[tname][_stack(frame, self.depth)] += 1
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> "StackSampler":
+        os.makedirs(self.out_dir, exist_ok=True)
+        self._t0, self._cpu0 = time.monotonic(), time.process_time()
+        self._thread = threading.Thread(target=self._run, name=f"profiler-{self.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        next_flush = time.monotonic() + self.flush_every
+        while not self._stop.wait(self.interval):
+            self.sample_once()
+            if time.monotonic() >= next_flush:
+                self.write()
+                next_flush = time.monotonic() + self.flush_every
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.write()
+
+    # -- report ----------------------------------------------------------------------------
+    def report(self) -> Dict[str, object]:
+        # A thread's CPU clock can only be read while it lives: keep the last reading of each, so
+        # threads that stopped before the final write (the event loop at unload) still count.
+        for t in threading.enumerate():
+            try:
+                self._cpu_seen[t.ident] = (t.name, time.clock_gettime(time.pthread_getcpuclockid(t.ident)))
+            except (OSError, AttributeError, TypeError, OverflowError):  # exited, or not on this OS
+                pass
+        threads: Dict[str, Dict[str, object]] = {}
+        for name, cpu in self._cpu_seen.values():
+            entry = threads.setdefault(name, {"cpu_s": 0.0, "threads": 0})
+            entry["threads"] += 1
+            entry["cpu_s"] += cpu
+        with self._lock:
+            for tname, n in self._samples.items():
+                entry = threads.setdefault(tname, {"cpu_s": None, "threads": 0})
+                entry["samples"] = n
+                entry["top"] = self._counts[tname].most_common(self.top)
+            timings = {k: v.summary() for k, v in self._timings.items()}
+        return {"name": self.name, "pid": os.getpid(), "interval_s": self.interval,
+                "wall_s": time.monotonic() - self._t0, "process_cpu_s": time.process_time() - self._cpu0,
+                "threads": threads, "timings": timings}
+
+    def write(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(self.report(), f, indent=1)
+        os.replace(tmp, self.path)
+
+
+_active: Optional[StackSampler] = None
+
+
+def maybe_start(name: str) -> Optional[StackSampler]:
+    """Start the process's sampler if ``QWEN3_TTS_PROFILE_DIR`` is set (once per process)."""
+    global _active
+    out_dir = os.environ.get(ENV_DIR, "").strip()
+    if not out_dir or _active is not None:
+        return _active
+    interval_ms = float(os.environ.get(ENV_INTERVAL, "5"))
+    _active = StackSampler(name, out_dir, interval=interval_ms / 1000.0).start()
+    return _active
+
+
+def timing(key: str, seconds: float) -> None:
+    """Record a named duration in the active sampler; nothing when profiling is off."""
+    if _active is not None:
+        _active.timing(key, seconds)
+
+
+def stop() -> None:
+    global _active
+    if _active is not None:
+        _active.stop()
+        _active = None
