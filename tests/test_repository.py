@@ -64,6 +64,17 @@ def test_tensorrt_needs_a_plan_and_a_gpu(ckpt, tmp_path):
     assert os.path.exists(os.path.join(out, "codec_decoder", "1", "model.plan"))
 
 
+def test_tts_instances(ckpt, tmp_path):
+    out = build_repository(RepositorySettings(checkpoint=ckpt, codec_backend="python", device="cpu", tts_instances=3),
+                           str(tmp_path / "r"))
+    txt = open(os.path.join(out, "tts", "config.pbtxt")).read()
+    assert "instance_group [ { kind: KIND_CPU count: 3 } ]" in txt
+    for bad in (0, -1, True, "2"):
+        with pytest.raises(RepositoryError, match="tts_instances must be an int >= 1"):
+            build_repository(RepositorySettings(checkpoint=ckpt, codec_backend="python", tts_instances=bad),
+                             str(tmp_path / "r"))
+
+
 def test_errors(ckpt, tmp_path):
     with pytest.raises(RepositoryError, match="engine must be one of"):
         build_repository(RepositorySettings(checkpoint=ckpt, engine="tgi", codec_backend="python"), str(tmp_path / "r"))

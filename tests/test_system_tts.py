@@ -56,9 +56,10 @@ def client(server):
 
 @pytest.fixture
 def own_server(tiny_checkpoint, tmp_path):
-    """A server for one test (same settings as ``server``), stopped when the test ends."""
+    """A server for one test (same settings as ``server`` but two tts instances, so cancels and
+    the in-flight gauges are also checked across instances), stopped when the test ends."""
     srv = start_tts_server(tiny_checkpoint, tmp_path / "own_server",
-                           left_context_frames=150, max_in_flight=4, max_queued=4)
+                           left_context_frames=150, max_in_flight=4, max_queued=4, tts_instances=2)
     yield srv
     srv.stop()
 
@@ -233,6 +234,7 @@ def test_http_generate_stream(server, reference):
 
 
 def test_metrics_exposed(server):
+    synth(server, text="count me", max_frames=3)  # so the test does not depend on the others' order
     assert metric(server, "qwen3_tts_audio_seconds_total") > 0
     assert metric(server, "qwen3_tts_frames_total") > 0
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()

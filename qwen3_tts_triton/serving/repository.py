@@ -67,8 +67,11 @@ class RepositorySettings:
     chunk_ramp: str = "4,8,16"
     chunk_frames: int = 25
     left_context_frames: int = 72
-    max_in_flight: int = 64
-    max_queued: int = 64
+    max_in_flight: int = 64  # per tts instance
+    max_queued: int = 64  # per tts instance
+    # tts stub processes: each drives its streams' chunk loops and BLS calls on its own core (Triton
+    # spreads requests over them); admission limits and the voice cache are per instance
+    tts_instances: int = 1
     voice_cache_size: int = 256  # Base checkpoints: reference voices kept by voice_id (0: none)
 
     def validate(self) -> None:
@@ -78,6 +81,8 @@ class RepositorySettings:
                               ("codec_stateful_backend", ("python", "tensorrt"))):
             if getattr(self, name) not in allowed:
                 raise RepositoryError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if not isinstance(self.tts_instances, int) or isinstance(self.tts_instances, bool) or self.tts_instances < 1:
+            raise RepositoryError(f"tts_instances must be an int >= 1, got {self.tts_instances!r}")
         if self.codec_backend == "tensorrt" and self.device == "cpu":
             raise RepositoryError("codec_backend tensorrt needs device gpu (use --codec-backend python on CPU)")
         if self.codec_backend == "tensorrt" and self.plan and not os.path.exists(self.plan):

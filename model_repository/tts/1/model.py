@@ -187,6 +187,7 @@ class TritonPythonModel:
     def initialize(self, args):
         profiling.maybe_start("tts")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         model_config = json.loads(args["model_config"])
+        self._instance = args.get("model_instance_name", "tts_0")
         self.cfg = TtsModelConfig.from_parameters(parameters_from_model_config(model_config))
         ckpt = Qwen3TTSConfig.from_file(os.path.join(self.cfg.checkpoint, "config.json"))
         self._init_metrics()
@@ -212,7 +213,8 @@ class TritonPythonModel:
     def _init_metrics(self):
         # Families must outlive their metrics (the stub refuses updates otherwise): keep both.
         M = pb_utils.MetricFamily
-        labels = {"model": "tts"}
+        # one label set per instance: with tts_instances > 1 each stub reports its own series
+        labels = {"model": "tts", "instance": self._instance}
         self._families = {
             "ttfa": M(name="qwen3_tts_time_to_first_audio_seconds",
                       description="Time from request arrival to the first audio chunk", kind=M.HISTOGRAM),
