@@ -43,8 +43,10 @@ if [[ " $STAGES " == *" ckpt "* ]] && [ ! -f "$CKPT/.done" ]; then
 fi
 if [[ " $STAGES " == *" graphs "* ]]; then
   for dt in float32 bfloat16; do
-    timeout 240 python scripts/check_stateful_graphs.py --preset "$PRESET" --device cuda --dtype $dt \
-      > "$OUT/stateful_graphs_$dt.txt" 2>&1; echo "check_stateful_graphs $dt: exit $?"
+    # shellcheck disable=SC2086
+    timeout 200 python scripts/check_stateful_graphs.py --preset "$PRESET" --device cuda --dtype $dt \
+      ${GRAPH_ARGS:---batch 1 8 32 64 --frames 1 2 25 --iters 10} > "$OUT/stateful_graphs_$dt.txt" 2>&1
+    echo "check_stateful_graphs $dt: exit $?"
     tail -40 "$OUT/stateful_graphs_$dt.txt"
   done
 fi
