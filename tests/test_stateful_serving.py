@@ -184,6 +184,7 @@ def test_repository_codec_mode(tiny_checkpoint, tmp_path):
     assert 'name: "codec_decoder_stateful"' in cfg and "${" not in cfg
     assert cfg.count("optional: true") == 27 and '"state_out_attn_1_v"' in cfg  # 26 states + start
     assert os.path.exists(os.path.join(out, "codec_decoder_stateful", "1", "model.py"))
+    assert not os.path.exists(os.path.join(out, "codec_decoder"))  # unused in stateful mode: not loaded
     tts = open(os.path.join(out, "tts", "config.pbtxt")).read()
     assert re.search(r'"codec_model" value: \{ string_value: "codec_decoder_stateful"', tts)
     assert re.search(r'"codec_mode" value: \{ string_value: "stateful"', tts)

@@ -52,7 +52,7 @@ class RepositorySettings:
     codec_instances: int = 1
     codec_frame_buckets: str = ""
     codec_max_frames: int = 512
-    codec_mode: str = "windowed"  # windowed | stateful (adds codec_decoder_stateful; tts left context 0)
+    codec_mode: str = "windowed"  # windowed | stateful (codec_decoder_stateful instead of codec_decoder; tts left context 0)
     # stateful codec on GPU: CUDA-graph frame counts ("" = the chunk schedule's sizes plus 1)
     codec_stateful_frame_buckets: str = ""
     # codec_mode stateful: codec_decoder_stateful on the Python backend (torch; CUDA graphs on GPU) or
@@ -177,6 +177,9 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
     models = {"talker": "talker", "tts": "tts",
               "codec_decoder": "codec_decoder" if s.codec_backend == "tensorrt" else "codec_decoder_python"}
     if stateful:
+        # the tts then talks to codec_decoder_stateful only: loading the windowed codec as well
+        # would hold its CUDA graphs (tens of GB at batch 64 x 97 frames) for nothing
+        del models["codec_decoder"]
         models["codec_decoder_stateful"] = ("codec_stateful_trt" if s.codec_stateful_backend == "tensorrt"
                                             else "codec_stateful_python")
     for name, src in models.items():
@@ -190,7 +193,7 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         model_py = os.path.join(src_dir, "1", "model.py")
         if os.path.exists(model_py):
             shutil.copy2(model_py, os.path.join(dst_dir, "model.py"))
-    if s.codec_backend == "tensorrt":
+    if s.codec_backend == "tensorrt" and not stateful:
         plan = s.plan or os.path.join(templates, "codec_decoder", "1", "model.plan")
         if not os.path.exists(plan):
             raise RepositoryError(f"no TensorRT plan at {plan}: build it with export/build_trt_engine.py "
