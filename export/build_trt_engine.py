@@ -40,14 +40,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from qwen3_tts_triton.stateful_trt import (  # noqa: E402
-    DEFAULT_STATEFUL_BATCH_PROFILE,
-    DEFAULT_STATEFUL_FRAMES_PROFILE,
     DEFAULT_STATEFUL_ONNX_PATH,
     DEFAULT_STATEFUL_PLAN_PATH,
+    apply_mode_defaults,
     check_io,
     expected_io,
-    state_io,
-    stateful_decoder_meta,
+    state_io_from_args,
     stateful_profile,
 )
 from qwen3_tts_triton.onnx_export import (  # noqa: E402
@@ -94,21 +92,15 @@ def parse_args(argv=None):
     """Parse and validate; argparse exits with code 2 and a message on any bad value."""
     ap = build_parser()
     args = ap.parse_args(argv)
-    apply_defaults(args)
+    apply_mode_defaults(args, "out")
     try:
         args.profile = ShapeProfile(tuple(args.batch_profile), tuple(args.frames_profile))
     except ValueError as e:
         ap.error(str(e))
-    args.state_io = None
-    if args.stateful:
-        if (args.checkpoint is None) == (args.preset is None):
-            ap.error("--stateful needs exactly one of --checkpoint DIR or --preset NAME (the state layout)")
-        try:
-            args.state_io = state_io(stateful_decoder_meta(args.checkpoint, args.preset))
-        except (ValueError, FileNotFoundError) as e:
-            ap.error(f"--stateful: {e}")
-    elif args.checkpoint or args.preset:
-        ap.error("--checkpoint / --preset only go with --stateful")
+    try:
+        args.state_io = state_io_from_args(args)
+    except ValueError as e:
+        ap.error(str(e))
     if args.workspace_mib is not None and args.workspace_mib < 1:
         ap.error(f"--workspace-mib must be >= 1, got {args.workspace_mib}")
     if not os.path.isfile(args.onnx):
@@ -117,19 +109,6 @@ def parse_args(argv=None):
     if os.path.isdir(args.out):
         ap.error(f"--out is a directory: {args.out}")
     return args
-
-
-def apply_defaults(args) -> None:
-    """Fill the path and profile defaults of the chosen mode (windowed or --stateful)."""
-    st = args.stateful
-    if args.onnx is None:
-        args.onnx = DEFAULT_STATEFUL_ONNX_PATH if st else DEFAULT_ONNX_PATH
-    if args.out is None:
-        args.out = DEFAULT_STATEFUL_PLAN_PATH if st else DEFAULT_PLAN_PATH
-    if args.batch_profile is None:
-        args.batch_profile = list(DEFAULT_STATEFUL_BATCH_PROFILE) if st else [1, 8, 64]
-    if args.frames_profile is None:
-        args.frames_profile = list(DEFAULT_STATEFUL_FRAMES_PROFILE) if st else [1, 97, 97]
 
 
 def profile_shapes(args):

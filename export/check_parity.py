@@ -67,15 +67,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from qwen3_tts_triton.stateful_trt import (  # noqa: E402
-    DEFAULT_STATEFUL_BATCH_PROFILE,
-    DEFAULT_STATEFUL_FRAMES_PROFILE,
     DEFAULT_STATEFUL_ONNX_PATH,
     DEFAULT_STATEFUL_PLAN_PATH,
     STATEFUL_TOLERANCES,
+    apply_mode_defaults,
     compare_state,
     row_positions,
-    state_io,
-    stateful_decoder_meta,
+    state_io_from_args,
 )
 from qwen3_tts_triton.onnx_export import (  # noqa: E402
     DEFAULT_ONNX_PATH,
@@ -129,28 +127,15 @@ def parse_args(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     st = args.stateful
-    if args.onnx is None:
-        args.onnx = DEFAULT_STATEFUL_ONNX_PATH if st else DEFAULT_ONNX_PATH
-    if args.engine is None:
-        args.engine = DEFAULT_STATEFUL_PLAN_PATH if st else DEFAULT_PLAN_PATH
-    if args.batch_profile is None:
-        args.batch_profile = list(DEFAULT_STATEFUL_BATCH_PROFILE) if st else [1, 8, 64]
-    if args.frames_profile is None:
-        args.frames_profile = list(DEFAULT_STATEFUL_FRAMES_PROFILE) if st else [1, 97, 97]
+    apply_mode_defaults(args, "engine")
     try:
         args.profile = ShapeProfile(tuple(args.batch_profile), tuple(args.frames_profile))
     except ValueError as e:
         ap.error(str(e))
-    args.state_io = None
-    if st:
-        if (args.checkpoint is None) == (args.preset is None):
-            ap.error("--stateful needs exactly one of --checkpoint DIR or --preset NAME (the state layout)")
-        try:
-            args.state_io = state_io(stateful_decoder_meta(args.checkpoint, args.preset))
-        except (ValueError, FileNotFoundError) as e:
-            ap.error(f"--stateful: {e}")
-    elif args.checkpoint or args.preset or args.state_tol is not None:
-        ap.error("--checkpoint / --preset / --state-tol only go with --stateful")
+    try:
+        args.state_io = state_io_from_args(args, ("--checkpoint", "--preset", "--state-tol"))
+    except ValueError as e:
+        ap.error(str(e))
     if args.shapes:
         try:
             args.shape_list = parse_shapes(args.shapes)

@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .onnx_export import INPUT_NAME, NUM_QUANTIZERS, OUTPUT_NAME, ShapeProfile
+from .onnx_export import DEFAULT_ONNX_PATH, DEFAULT_PLAN_PATH, INPUT_NAME, NUM_QUANTIZERS, OUTPUT_NAME, ShapeProfile
 
 DEFAULT_STATEFUL_ONNX_PATH = os.path.join("build", "codec_decoder_stateful.onnx")
 DEFAULT_STATEFUL_PLAN_PATH = os.path.join("build", "codec_decoder_stateful.plan")
@@ -83,6 +83,39 @@ def stateful_decoder_meta(checkpoint: Optional[str] = None, preset: Optional[str
     with torch.device("meta"):
         dec = CodecDecoder(cfg)
     return StatefulCodecDecoder(dec)
+
+
+def apply_mode_defaults(args, plan_attr: str) -> None:
+    """Fill what the export scripts leave at None for the chosen mode (windowed or ``--stateful``):
+    ``args.onnx``, the engine path ``args.<plan_attr>``, ``args.batch_profile`` and
+    ``args.frames_profile``. Shared by ``build_trt_engine.py`` (``out``) and ``check_parity.py``
+    (``engine``)."""
+    st = args.stateful
+    if args.onnx is None:
+        args.onnx = DEFAULT_STATEFUL_ONNX_PATH if st else DEFAULT_ONNX_PATH
+    if getattr(args, plan_attr) is None:
+        setattr(args, plan_attr, DEFAULT_STATEFUL_PLAN_PATH if st else DEFAULT_PLAN_PATH)
+    if args.batch_profile is None:
+        args.batch_profile = list(DEFAULT_STATEFUL_BATCH_PROFILE) if st else [1, 8, 64]
+    if args.frames_profile is None:
+        args.frames_profile = list(DEFAULT_STATEFUL_FRAMES_PROFILE) if st else [1, 97, 97]
+
+
+def state_io_from_args(args, stateful_only: Sequence[str] = ("--checkpoint", "--preset")) -> Optional[List[StateIO]]:
+    """The state layout named by ``--checkpoint`` / ``--preset`` with ``--stateful`` (None without
+    it). ``stateful_only``: the flags that make sense only with ``--stateful``, as named in the
+    error. Raises ValueError with the message the scripts pass to ``argparse.error``."""
+    if args.stateful:
+        if (args.checkpoint is None) == (args.preset is None):
+            raise ValueError("--stateful needs exactly one of --checkpoint DIR or --preset NAME (the state layout)")
+        try:
+            return state_io(stateful_decoder_meta(args.checkpoint, args.preset))
+        except (ValueError, FileNotFoundError) as e:
+            raise ValueError(f"--stateful: {e}") from None
+    given = [getattr(args, f.lstrip("-").replace("-", "_")) for f in stateful_only]
+    if any(v is not None and v is not False for v in given):
+        raise ValueError(f"{' / '.join(stateful_only)} only go with --stateful")
+    return None
 
 
 def stateful_profile(io: Sequence[StateIO], profile: ShapeProfile) -> "OrderedDict[str, Tuple[tuple, tuple, tuple]]":
