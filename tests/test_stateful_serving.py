@@ -179,7 +179,7 @@ def test_repository_codec_mode(tiny_checkpoint, tmp_path):
         build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python",
                                             device="cpu", codec_mode="magic"), str(tmp_path / "bad"))
     out = build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu",
-                                              codec_mode="stateful"), str(tmp_path / "r"))
+                                              codec_mode="stateful", codec_state="request"), str(tmp_path / "r"))
     cfg = open(os.path.join(out, "codec_decoder_stateful", "config.pbtxt")).read()
     assert 'name: "codec_decoder_stateful"' in cfg and "${" not in cfg
     assert cfg.count("optional: true") == 27 and '"state_out_attn_1_v"' in cfg  # 26 states + start
@@ -349,12 +349,23 @@ def test_sessions_helpers():
 TEXT = "Hello world, this is a streaming test."
 
 
-@pytest.fixture(scope="module")
-def server(tiny_checkpoint, tmp_path_factory):
-    srv = start_tts_server(tiny_checkpoint, tmp_path_factory.mktemp("tts_stateful_server"),
-                           codec_mode="stateful", max_in_flight=8, max_queued=8)
+@pytest.fixture(scope="module", params=["resident", "request"])
+def server(request, tiny_checkpoint, tmp_path_factory):
+    """The stateful codec in both state modes: kept inside the codec by stream id (resident, the
+    default) and sent with every chunk (request)."""
+    srv = start_tts_server(tiny_checkpoint, tmp_path_factory.mktemp(f"tts_stateful_{request.param}"),
+                           codec_mode="stateful", codec_state=request.param, max_in_flight=8, max_queued=8)
+    srv.codec_state = request.param
     yield srv
     srv.stop()
+
+
+def resident_states(server):
+    """The codec's own count of streams it holds state for (state resident); asserts the gauge
+    exists so that a missing metric cannot read as zero."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    assert "qwen3_tts_codec_resident_states{" in text, "the resident codec exports no state gauge"
+    return metric(server, "qwen3_tts_codec_resident_states")
 
 
 @pytest.fixture(scope="module")
@@ -372,6 +383,51 @@ def test_system_stateful_stream_equals_whole_decode(server, reference):
     got = [n // SPF for _, n in r.chunks]
     assert got[0] == 2 and sum(got) == codes.shape[0]
     assert batch_sizes(server, "codec_decoder_stateful"), "codec_decoder_stateful served nothing"
+    if server.codec_state == "resident":  # the stream's end released its state inside the codec
+        deadline = time.time() + 30
+        while resident_states(server) != 0 and time.time() < deadline:
+            time.sleep(0.2)
+        assert resident_states(server) == 0
+
+
+@pytest.mark.system
+@pytest.mark.vllm
+def test_system_resident_codec_direct_requests(server, tiny_checkpoint):
+    """The resident codec model on its own, through gRPC: a stream decoded in two chunks equals
+    its whole decode; bad stream ids and flag sequences are INVALID_ARG naming the field."""
+    if server.codec_state != "resident":
+        pytest.skip("state request: the codec takes state tensors (covered by the tests above)")
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    from qwen3_tts_triton.checkpoint import load_codec_decoder
+
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+
+    def call(sid, codes=None, start=None, end=None):
+        ins = []
+        for name, arr, dt in (("audio_codes", codes, "INT64"), ("stream_id", np.array([[sid]], np.uint64), "UINT64"),
+                              ("start", None if start is None else np.array([[start]]), "BOOL"),
+                              ("end", None if end is None else np.array([[end]]), "BOOL")):
+            if arr is not None:
+                t = grpcclient.InferInput(name, list(arr.shape), dt)
+                t.set_data_from_numpy(arr)
+                ins.append(t)
+        return c.infer("codec_decoder_stateful", ins).as_numpy("audio_values")
+
+    codes = codes_of(12, 3)[None] % 2048
+    a = call(77, codes[:, :5], start=True)
+    b_ = call(77, codes[:, 5:], end=True)
+    with torch.no_grad():
+        whole = load_codec_decoder(tiny_checkpoint).decode(torch.from_numpy(codes)).numpy()
+    np.testing.assert_allclose(np.concatenate([a, b_], axis=1), whole, atol=1e-5, rtol=0)
+    for kw, msg in ((dict(sid=77, codes=codes[:, :2]), "unknown stream_id 77"),  # ended above
+                    (dict(sid=78), "audio_codes is required"),
+                    (dict(sid=79, codes=np.full((1, 2, 16), 4096, np.int64), start=True), r"audio_codes values")):
+        with pytest.raises(InferenceServerException, match=msg) as e:
+            call(**kw)
+        assert "INVALID_ARG" in str(e.value.status()), e.value.status()
+    assert call(80, end=True).shape == (1, 0)  # releasing an unknown stream is a no-op
 
 
 @pytest.mark.system
@@ -433,15 +489,19 @@ def test_system_cancelled_streams_leave_no_codec_state(server):
         rid = c.send(build_inputs(text=f"cancel me {i}", max_frames=300, ignore_eos=True))
         c.queues[rid].get(timeout=60)  # the first chunk arrived: the stream holds codec state
         c.close(cancel=True)
+    resident = server.codec_state == "resident"
     deadline = time.time() + 90
     while time.time() < deadline:
         if (metric(server, "qwen3_tts_requests_cancelled_total") - cancelled0 >= n
                 and metric(server, "qwen3_tts_codec_states_live") == 0
-                and metric(server, "qwen3_tts_requests_in_flight") == 0):
+                and metric(server, "qwen3_tts_requests_in_flight") == 0
+                and (not resident or resident_states(server) == 0)):
             break
         time.sleep(0.5)
     assert metric(server, "qwen3_tts_requests_cancelled_total") - cancelled0 >= n
     assert metric(server, "qwen3_tts_codec_states_live") == 0
     assert metric(server, "qwen3_tts_requests_in_flight") == 0
+    if resident:  # every cancelled stream's state was released inside the codec too
+        assert resident_states(server) == 0
     r = synth(server, text="after the cancels", max_frames=6)
     assert r.audio.size == 6 * SPF

@@ -335,7 +335,7 @@ def test_repository_tensorrt_stateful_codec(tiny_checkpoint, tmp_path):
     assert open(os.path.join(out, "codec_decoder_stateful", "1", "model.plan"), "rb").read() == plan.read_bytes()
     assert not os.path.exists(os.path.join(out, "codec_decoder_stateful", "1", "model.py"))
     # the same I/O names as the Python stateful model (minus `start`), float32 state (engine I/O)
-    py = build_repository(RepositorySettings(device="gpu", **common), str(tmp_path / "py"))
+    py = build_repository(RepositorySettings(device="gpu", codec_state="request", **common), str(tmp_path / "py"))
     py_text = open(os.path.join(py, "codec_decoder_stateful", "config.pbtxt")).read()
     trt_io, py_io = _io_entries(text), _io_entries(py_text)
     assert set(trt_io) == set(py_io) - {"start"}

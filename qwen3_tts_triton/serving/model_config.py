@@ -24,6 +24,10 @@ T = TypeVar("T")
 DEFAULT_STATEFUL_FRAME_BUCKETS = (1, 2, 4, 8, 16, 25)
 
 
+# Where the stateful codec keeps a stream's state: sent with every request, or inside the model.
+STATE_RESIDENCY = ("request", "resident")
+
+
 class ModelConfigError(ValueError):
     pass
 
@@ -148,9 +152,22 @@ class CodecModelConfig:
     # state). Default: the tts chunk schedule's sizes (first 2, ramp 4/8/16, chunk 25) plus 1;
     # any other T (e.g. a stream's last, shorter chunk) runs eagerly.
     stateful_frame_buckets: tuple = DEFAULT_STATEFUL_FRAME_BUCKETS
+    # codec_decoder_stateful: where a stream's decoder state lives between chunks. "request": it
+    # travels as state_in_* / state_out_* tensors; "resident": this model keeps it in
+    # ``state_slots`` preallocated slots keyed by stream_id (one instance only), and releases a
+    # stream on its end request or after ``state_idle_timeout_s`` without one (0: never).
+    state: str = "request"
+    state_slots: int = 128
+    state_idle_timeout_s: float = 300.0
 
     def __post_init__(self):
         _choice("runtime", self.runtime, ("torch", "onnxruntime"))
+        _choice("state", self.state, STATE_RESIDENCY)
+        if not 1 <= self.state_slots <= 65536:
+            raise ModelConfigError(f"parameter 'state_slots' must be in [1, 65536], got {self.state_slots}")
+        if not 0 <= self.state_idle_timeout_s <= 86400:
+            raise ModelConfigError("parameter 'state_idle_timeout_s' must be in [0, 86400] seconds (0: never), "
+                                   f"got {self.state_idle_timeout_s}")
         _choice("device", self.device, ("cuda", "cpu"))
         _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
         if self.runtime == "onnxruntime" and not self.onnx_path:
@@ -189,6 +206,9 @@ class TtsModelConfig:
     # stateful codec without optional inputs (TensorRT): a stream's first chunk sends an all-zero
     # state instead of start=true
     codec_zero_state_start: bool = False
+    # stateful codec: "request" (the state travels with each chunk) or "resident" (the codec keeps
+    # it by stream id; the tts sends frames, a stream id and start/end flags)
+    codec_state: str = "request"
     default_task_type: str = ""  # empty: the checkpoint's own task type
     default_speaker: str = ""
     default_language: str = "auto"
@@ -224,6 +244,10 @@ class TtsModelConfig:
             _choice("default_task_type", self.default_task_type, TASK_TYPES)
         _choice("default_sample_format", self.default_sample_format, SAMPLE_FORMATS)
         _choice("codec_mode", self.codec_mode, ("windowed", "stateful"))
+        _choice("codec_state", self.codec_state, STATE_RESIDENCY)
+        if self.codec_state == "resident" and self.codec_zero_state_start:
+            raise ModelConfigError("parameter 'codec_zero_state_start' needs codec_state request (a resident-state "
+                                   "codec opens streams with start=true)")
         AdmissionConfig(self.max_in_flight, self.max_queued)
 
     @classmethod

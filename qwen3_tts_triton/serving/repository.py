@@ -59,6 +59,12 @@ class RepositorySettings:
     # a TensorRT plan (export/build_trt_engine.py --stateful), then the tts sends zero state first
     codec_stateful_backend: str = "python"  # python | tensorrt
     stateful_plan: str = ""  # TensorRT plan of the stateful codec (codec_stateful_backend tensorrt)
+    # codec_mode stateful: where a stream's state lives between chunks. "resident": inside the
+    # Python-backend codec, by stream id (the tts sends only frames); "request": it travels with
+    # every chunk as state tensors (the TensorRT plan's only way). "" = resident on python,
+    # request on tensorrt.
+    codec_state: str = ""
+    codec_state_slots: int = 0  # state resident: slots; 0 = 2 x max_in_flight x tts_instances
     # tts
     default_speaker: str = ""
     default_max_frames: int = 2048
@@ -87,7 +93,16 @@ class RepositorySettings:
             raise RepositoryError("codec_backend tensorrt needs device gpu (use --codec-backend python on CPU)")
         if self.codec_backend == "tensorrt" and self.plan and not os.path.exists(self.plan):
             raise RepositoryError(f"TensorRT plan {self.plan} does not exist (build it with export/build_trt_engine.py)")
+        if self.codec_state not in ("", "request", "resident"):
+            raise RepositoryError(f"codec_state must be one of resident, request (or empty: resident on the python "
+                                  f"backend, request on tensorrt), got {self.codec_state!r}")
+        if not isinstance(self.codec_state_slots, int) or self.codec_state_slots < 0:
+            raise RepositoryError(f"codec_state_slots must be an int >= 0 (0: 2 x max_in_flight x tts_instances), "
+                                  f"got {self.codec_state_slots!r}")
         if self.codec_stateful_backend == "tensorrt":
+            if self.codec_state == "resident":
+                raise RepositoryError("codec_state resident needs codec_stateful_backend python (a TensorRT plan "
+                                      "takes the state as request tensors: codec_state request)")
             if self.codec_mode != "stateful":
                 raise RepositoryError("codec_stateful_backend tensorrt needs codec_mode stateful")
             if self.device == "cpu":
@@ -99,6 +114,11 @@ class RepositorySettings:
                                       f"{self.stateful_plan or 'none'!r}" + (" (no such file)" if self.stateful_plan else ""))
         if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
             raise RepositoryError(f"{self.checkpoint} is not a checkpoint directory (no config.json)")
+
+
+def codec_state(s: RepositorySettings) -> str:
+    """The effective ``codec_state``: as set, or resident on the python backend, request on tensorrt."""
+    return s.codec_state or ("request" if s.codec_stateful_backend == "tensorrt" else "resident")
 
 
 def stateful_frame_buckets(s: RepositorySettings) -> str:
@@ -158,18 +178,29 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         default_speaker=default_speaker,
         tts_codec_model="codec_decoder",
         codec_zero_state_start="false",
+        codec_state="request",
+        codec_state_slots=str(s.codec_state_slots or 2 * s.max_in_flight * s.tts_instances),
+        codec_codes_optional="false",
+        codec_state_outputs_tail="",
     )
     stateful = s.codec_mode == "stateful"
     if stateful:
         from .stateful_codec import config_io_blocks, state_specs_from_checkpoint, trt_config_io_blocks
 
         specs = state_specs_from_checkpoint(ckpt)
+        mode = codec_state(s)
         if s.codec_stateful_backend == "tensorrt":
             ins, outs = trt_config_io_blocks(specs)
             values.update(codec_zero_state_start="true")
+        elif mode == "resident":
+            ins = ('  { name: "stream_id" data_type: TYPE_UINT64 dims: [ 1 ] },\n'
+                   '  { name: "end" data_type: TYPE_BOOL dims: [ 1 ] optional: true }')
+            outs = ""
+            values.update(codec_codes_optional="true")
         else:
             ins, outs = config_io_blocks(specs, s.codec_dtype)
-        values.update(codec_state_inputs=ins, codec_state_outputs=outs, left_context_frames="0",
+        values.update(codec_state_inputs=ins, codec_state_outputs=outs, codec_state=mode,
+                      codec_state_outputs_tail=(",\n" + outs) if outs else "", left_context_frames="0",
                       tts_codec_model="codec_decoder_stateful",
                       codec_stateful_frame_buckets=stateful_frame_buckets(s))
     if os.path.exists(out_dir):

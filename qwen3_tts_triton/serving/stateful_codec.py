@@ -13,16 +13,31 @@ The codec model therefore batches requests of different streams dynamically:
 * :func:`parse_request` validates one request's tensors (``ValueError`` with a clear message, the
   adapter answers INVALID_ARG).
 
+**Resident state** (codec parameter ``state: resident``): the state never leaves the codec model.
+Passing it as request tensors costs 38 tensors (2.6 MB in bf16) into and out of the model per
+chunk, and on the H100 that transfer cost more than the recomputation it saves (docs/benchmarks.md,
+run 5). In resident mode a request carries only ``stream_id`` (uint64), ``start`` / ``end`` flags and
+its new frames; :class:`StatePool` keeps every live stream's state in one preallocated slot table
+on the model's device (one flat row per stream, so a batch gathers and scatters its rows with one
+kernel each), and :func:`run_resident_batch` opens, steps and releases streams per request
+(:func:`parse_resident_request` validates). A stream is released by its ``end`` request (the tts
+sends one from its session's ``aclose()`` on end, error and cancel) or, if its caller vanished,
+after ``idle_timeout_s`` without a request. Resident state lives in one model instance, so the
+model refuses to load with more than one.
+
 On the tts side, a request opens a *codec session* (``codec.session()``) with
-``async decode(codes, left_context)`` and ``close()``: :class:`WindowedSession` forwards to the
-windowed codec; :class:`StatefulSession` keeps the stream's state between chunks and drops it on
-``close()`` (called in a ``finally`` on end, error and cancel). :class:`LiveCounter` counts the
-sessions holding state (the ``qwen3_tts_codec_states_live`` gauge).
+``async decode(codes, left_context)`` and ``close()`` (or ``async aclose()``): :class:`WindowedSession`
+forwards to the windowed codec; :class:`StatefulSession` keeps the stream's state between chunks
+and drops it on ``close()``; :class:`ResidentSession` sends only frames and a stream id and releases
+the codec's copy on ``aclose()`` (both called in a ``finally`` on end, error and cancel).
+:class:`LiveCounter` counts the sessions holding state (the ``qwen3_tts_codec_states_live`` gauge).
 """
 
 from __future__ import annotations
 
 import threading
+import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -260,6 +275,260 @@ def run_batch(requests: Sequence[StepRequest], sd, device=None, dtype=None,
 
 
 # ---------------------------------------------------------------------------------------------
+# Resident state: the codec model keeps each stream's state, keyed by stream id
+
+
+class StateCapacityError(RuntimeError):
+    """Every state slot is taken (the adapter answers UNAVAILABLE)."""
+
+
+STREAM_ID_MAX = (1 << 64) - 1
+
+
+def new_stream_id() -> int:
+    """A random 63-bit stream id (unique across tts instances with overwhelming probability)."""
+    return uuid.uuid4().int >> 65
+
+
+class StatePool:
+    """Live streams' decoder states in preallocated slots on one device.
+
+    Float state of all streams is ONE tensor ``[capacity, F]`` (each name a fixed column range,
+    in ``sd.state_names()`` order) and ``pos`` one int64 ``[capacity]``, so :meth:`gather` and
+    :meth:`scatter` move a batch's rows with one kernel each instead of one per state tensor.
+    :meth:`gather` returns per-name views ``[b, *shape]`` of the gathered rows (the step reads
+    them; they are not contiguous across names). Not thread-safe: one model instance, one caller.
+
+    ``idle_timeout_s``: :meth:`expire` releases streams without a request for that long (a tts
+    that died mid-stream never sends ``end``). ``clock``: injectable for tests.
+    """
+
+    def __init__(self, sd, capacity: int, device=None, dtype=None, idle_timeout_s: float = 300.0,
+                 clock: Callable[[], float] = time.monotonic):
+        import torch
+
+        if capacity < 1:
+            raise ValueError(f"state pool capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        self.idle_timeout_s = float(idle_timeout_s)
+        self.clock = clock
+        shapes = sd.state_shapes(1)
+        self.names = list(sd.state_names())
+        self.float_names = [n for n in self.names if n != POS_NAME]
+        self.layout: Dict[str, Tuple[int, int, Tuple[int, ...]]] = {}  # name -> (offset, numel, shape)
+        off = 0
+        for n in self.float_names:
+            shape = tuple(shapes[n][1:])
+            numel = 1
+            for x in shape:
+                numel *= x
+            self.layout[n] = (off, numel, shape)
+            off += numel
+        self.row_numel = off
+        self.buf = torch.zeros((self.capacity, off), device=device, dtype=dtype or torch.float32)
+        self.pos = torch.zeros((self.capacity,), device=device, dtype=torch.int64)
+        self._free = list(range(self.capacity - 1, -1, -1))  # pop() gives slot 0 first
+        self._slots: Dict[int, int] = {}  # stream id -> slot
+        self._last: Dict[int, float] = {}  # stream id -> time of its last request
+        self.expired_total = 0
+
+    @property
+    def live(self) -> int:
+        return len(self._slots)
+
+    def __contains__(self, stream_id: int) -> bool:
+        return stream_id in self._slots
+
+    def open(self, stream_id: int) -> int:
+        """A zeroed slot for a new stream (position 0)."""
+        if stream_id in self._slots:
+            raise ValueError(f"stream_id {stream_id} is already open: start=true only on a stream's first chunk")
+        if not self._free:
+            raise StateCapacityError(f"all {self.capacity} codec state slots are in use (state_slots); "
+                                     "retry when streams end")
+        slot = self._free.pop()
+        self.buf[slot].zero_()
+        self.pos[slot] = 0
+        self._slots[stream_id] = slot
+        self._last[stream_id] = self.clock()
+        return slot
+
+    def slot(self, stream_id: int) -> int:
+        slot = self._slots.get(stream_id)
+        if slot is None:
+            raise ValueError(f"unknown stream_id {stream_id}: not started with start=true, already ended, or "
+                             f"released after {self.idle_timeout_s:g} s without a request")
+        self._last[stream_id] = self.clock()
+        return slot
+
+    def release(self, stream_id: int) -> bool:
+        """Free the stream's slot; False if it was not open (idempotent)."""
+        slot = self._slots.pop(stream_id, None)
+        self._last.pop(stream_id, None)
+        if slot is None:
+            return False
+        self._free.append(slot)
+        return True
+
+    def expire(self) -> List[int]:
+        """Release the streams idle for more than ``idle_timeout_s``; their ids."""
+        if self.idle_timeout_s <= 0:
+            return []
+        limit = self.clock() - self.idle_timeout_s
+        gone = [sid for sid, t in self._last.items() if t < limit]
+        for sid in gone:
+            self.release(sid)
+        self.expired_total += len(gone)
+        return gone
+
+    def gather(self, slots: Sequence[int]) -> "OrderedDict[str, Any]":
+        """The state of these slots as ``name -> [b, *shape]`` (``pos`` ``[b]``), in name order."""
+        import torch
+
+        idx = torch.as_tensor(list(slots), dtype=torch.int64, device=self.buf.device)
+        flat = self.buf.index_select(0, idx)
+        b = len(slots)
+        out: "OrderedDict[str, Any]" = OrderedDict()
+        for n in self.names:
+            if n == POS_NAME:
+                out[n] = self.pos.index_select(0, idx)
+            else:
+                off, numel, shape = self.layout[n]
+                out[n] = flat[:, off:off + numel].view((b,) + shape)
+        return out
+
+    def scatter(self, slots: Sequence[int], state: Mapping[str, Any]) -> None:
+        """Store a step's new state (``name -> [b, ...]``) into these slots."""
+        import torch
+
+        b = len(slots)
+        idx = torch.as_tensor(list(slots), dtype=torch.int64, device=self.buf.device)
+        flat = torch.cat([state[n].reshape(b, -1).to(self.buf.dtype) for n in self.float_names], dim=1)
+        if flat.shape[1] != self.row_numel:
+            raise RuntimeError(f"new state has {flat.shape[1]} values per row; the pool holds {self.row_numel}")
+        self.buf.index_copy_(0, idx, flat)
+        self.pos.index_copy_(0, idx, state[POS_NAME].reshape(b).to(torch.int64))
+
+
+@dataclass
+class ResidentRequest:
+    """One validated resident-mode request: ``codes`` int64 ``[1, T, 16]`` (None: release only)."""
+
+    stream_id: int
+    codes: Any
+    start: bool
+    end: bool
+
+    @property
+    def frames(self) -> int:
+        return 0 if self.codes is None else int(self.codes.shape[1])
+
+
+def _flag(name: str, value) -> bool:
+    import torch
+
+    if value is None:
+        return False
+    t = torch.as_tensor(value).reshape(-1)
+    if t.numel() != 1:
+        raise ValueError(f"{name} must hold exactly one value, got {t.numel()}")
+    return bool(t[0])
+
+
+def parse_resident_request(codes, stream_id, start=None, end=None, codebook_size: int = 2048,
+                           max_frames: Optional[int] = None, device=None) -> ResidentRequest:
+    """Validate one resident-mode request (torch tensors or numpy arrays; ``codes`` may be None
+    for a release: ``end=true`` without frames)."""
+    import torch
+
+    if stream_id is None:
+        raise ValueError("stream_id is required (uint64, one per stream)")
+    sid = np.asarray(stream_id).reshape(-1)
+    if sid.size != 1:
+        raise ValueError(f"stream_id must hold exactly one value, got {sid.size}")
+    if sid.dtype.kind not in "ui":
+        raise ValueError(f"stream_id must be an unsigned integer, got {sid.dtype}")
+    if sid.dtype.kind == "i" and int(sid[0]) < 0:
+        raise ValueError(f"stream_id must be >= 0, got {int(sid[0])}")
+    s, e = _flag("start", start), _flag("end", end)
+    if codes is None:
+        if not e or s:
+            raise ValueError("audio_codes is required, except in a release request (end=true, start absent "
+                             "or false)")
+        return ResidentRequest(int(sid[0]), None, False, True)
+    c = torch.as_tensor(codes)
+    if c.dim() != 3 or c.shape[0] != 1 or c.shape[2] != NUM_QUANTIZERS or c.shape[1] < 1:
+        raise ValueError(f"audio_codes must have shape [1, frames>=1, {NUM_QUANTIZERS}] (one stream per request), "
+                         f"got {list(c.shape)}")
+    if c.dtype.is_floating_point or c.dtype == torch.bool:
+        raise ValueError(f"audio_codes must be integers, got {c.dtype}")
+    if max_frames is not None and c.shape[1] > max_frames:
+        raise ValueError(f"audio_codes has {c.shape[1]} new frames; the limit is {max_frames}")
+    lo, hi = int(c.min()), int(c.max())
+    if lo < 0 or hi >= codebook_size:
+        raise ValueError(f"audio_codes values must be in [0, {codebook_size}), got [{lo}, {hi}]")
+    return ResidentRequest(int(sid[0]), c.to(device=device, dtype=torch.int64), s, e)
+
+
+def run_resident_batch(requests: Sequence[ResidentRequest], pool: StatePool, sd,
+                       max_batch: Optional[int] = None) -> List[Any]:
+    """Serve one batch of resident-mode requests against ``pool``.
+
+    Per request, in order: open (``start``) or look up its stream; decode the new frames of all
+    requests in as few ``sd.step`` calls as possible (grouped by ``T``, slices of ``max_batch``
+    rows; ``sd``: a :class:`StatefulCodecDecoder` or a ``StatefulGraphRunner``), storing the new
+    states back; then release the streams whose request has ``end``. Returns, per request, its
+    audio (float32 ``[T * spf]``, empty for a release) or the exception that failed it
+    (``ValueError``: a bad stream id or flag sequence; :class:`StateCapacityError`; a decoder
+    failure as ``RuntimeError``). One request's failure never fails another's.
+    """
+    import torch
+
+    out: List[Any] = [None] * len(requests)
+    slots: Dict[int, int] = {}  # request index -> slot, for the requests that decode
+    refused = set()  # requests that failed before touching a state: they release nothing
+    seen = set()
+    for i, r in enumerate(requests):
+        try:
+            if r.stream_id in seen:
+                raise ValueError(f"stream_id {r.stream_id} has two requests in one batch: send a stream's next "
+                                 "chunk after the previous one's answer")
+            seen.add(r.stream_id)
+            if r.codes is None:
+                continue
+            slots[i] = pool.open(r.stream_id) if r.start else pool.slot(r.stream_id)
+        except (ValueError, StateCapacityError) as e:
+            out[i] = e
+            refused.add(i)
+    keys = list(slots)
+    for t, idx in group_by_frames([requests[i].frames for i in keys]).items():
+        members = [keys[k] for k in idx]
+        step = max_batch or len(members)
+        for s0 in range(0, len(members), step):
+            part = members[s0:s0 + step]
+            try:
+                codes = torch.cat([requests[i].codes for i in part])
+                state = pool.gather([slots[i] for i in part])
+                with torch.inference_mode():
+                    audio, new = sd.step(codes, state)
+                if audio.dim() != 2 or audio.shape[0] != len(part) or audio.shape[1] % t:
+                    raise RuntimeError(f"decoder returned audio {list(audio.shape)} for {len(part)} rows of {t} frames")
+                pool.scatter([slots[i] for i in part], new)
+                audio = audio.float().cpu()
+                for k, i in enumerate(part):
+                    out[i] = audio[k]
+            except Exception as e:  # noqa: BLE001 - a decoder failure fails these requests only
+                for i in part:
+                    out[i] = RuntimeError(f"stateful codec decode failed: {e}")
+    for i, r in enumerate(requests):
+        if r.end and i not in refused:  # ended, also when its decode failed
+            pool.release(r.stream_id)
+        if r.codes is None and out[i] is None:
+            out[i] = torch.zeros(0, dtype=torch.float32)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # The tts side: codec sessions
 
 
@@ -345,3 +614,48 @@ def open_session(codec):
     """``codec.session()`` when the client has one, else a :class:`WindowedSession` around it."""
     make = getattr(codec, "session", None)
     return make() if callable(make) else WindowedSession(codec)
+
+
+# step(new_codes [T, 16], stream_id, start) -> audio [T * spf]; release(stream_id) -> None
+ResidentStep = Callable[[np.ndarray, int, bool], Awaitable[np.ndarray]]
+ResidentRelease = Callable[[int], Awaitable[None]]
+
+
+class ResidentSession:
+    """One stream on a resident-state codec: ``decode`` sends only the new frames and the stream
+    id (``start`` on the first call); ``aclose()`` sends the release (``end``) once a call has been
+    made, whatever happened since: the codec frees the slot, or finds it already gone."""
+
+    stateful = True
+
+    def __init__(self, step: ResidentStep, release: ResidentRelease, stream_id: Optional[int] = None):
+        self.step = step
+        self.release = release
+        self.stream_id = new_stream_id() if stream_id is None else int(stream_id)
+        self.frames = 0
+        self.opened = False
+        self.closed = False
+
+    async def decode(self, codes: np.ndarray, left_context: int) -> np.ndarray:
+        if self.closed:
+            raise RuntimeError("codec session is closed")
+        new = np.asarray(codes)[left_context:]
+        if new.shape[0] == 0:
+            return np.zeros(0, np.float32)
+        start = not self.opened
+        self.opened = True  # from here on the codec may hold state: aclose() must release it
+        audio = await self.step(new, self.stream_id, start)
+        self.frames += new.shape[0]
+        return audio
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.opened:
+            await self.release(self.stream_id)
+
+    def close(self) -> None:  # sync callers: nothing to release if no call was made
+        if self.opened and not self.closed:
+            raise RuntimeError("a resident codec session that was used must be closed with aclose()")
+        self.closed = True

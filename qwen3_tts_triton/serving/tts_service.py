@@ -39,8 +39,8 @@ class TalkerClient(Protocol):
 class CodecClient(Protocol):
     async def decode(self, codes: np.ndarray, left_context: int) -> np.ndarray: ...
     # Optional: ``session()`` -> an object with ``async decode(codes, left_context)`` and ``close()``
-    # (one per request, e.g. the stateful codec's per-stream state); without it the service wraps
-    # ``decode`` (stateful_codec.open_session).
+    # or ``async aclose()`` (one per request, e.g. the stateful codec's per-stream state); without
+    # it the service wraps ``decode`` (stateful_codec.open_session).
 
 
 class Sender(Protocol):
@@ -274,7 +274,11 @@ class TtsService:
         finally:
             if session is not None:
                 try:
-                    session.close()
+                    aclose = getattr(session, "aclose", None)
+                    if aclose is not None:  # e.g. a resident-state codec: release its copy of the state
+                        await aclose()
+                    else:
+                        session.close()
                 except Exception:  # noqa: BLE001
                     log.exception("closing the codec session of %s failed", rid)
                 if getattr(session, "stateful", False):

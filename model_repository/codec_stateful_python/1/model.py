@@ -1,11 +1,18 @@
 """`codec_decoder_stateful`, Python backend: exact stateful decoding of new frames (issue 9).
 
-Thin adapter around qwen3_tts_triton.serving.stateful_codec: read each request's `audio_codes`
-[b, T, 16], optional `start` and `state_in_*` tensors (DLPack, so GPU tensors stay on the GPU),
-validate them (INVALID_ARG per request), group the batch by T, run one StatefulCodecDecoder.step
-per group (on CUDA with cuda_graphs: a CUDA-graph replay per (batch bucket, T) for T in
-stateful_frame_buckets, serving/stateful_graphs.py), and answer `audio_values` + `state_out_*`
-per request.
+Thin adapter around qwen3_tts_triton.serving.stateful_codec. Parameter `state`:
+
+* `request`: read each request's `audio_codes` [b, T, 16], optional `start` and `state_in_*`
+  tensors (DLPack, so GPU tensors stay on the GPU), validate them (INVALID_ARG per request), group
+  the batch by T, run one StatefulCodecDecoder.step per group, and answer `audio_values` +
+  `state_out_*` per request.
+* `resident`: requests carry `stream_id`, `start` / `end` and `audio_codes` [1, T, 16] (none in a
+  release); the state stays here, in a StatePool of `state_slots` slots (one instance only).
+  Unknown or duplicate stream ids are INVALID_ARG, a full pool UNAVAILABLE. Gauge
+  `qwen3_tts_codec_resident_states`: streams holding a slot.
+
+On CUDA with cuda_graphs both run a CUDA-graph replay per (batch bucket, T) for T in
+stateful_frame_buckets (serving/stateful_graphs.py).
 """
 
 import locale
@@ -28,7 +35,8 @@ from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder  # noqa: E402
 from qwen3_tts_triton.serving.codec_runtime import load_codec_decoder  # noqa: E402
 from qwen3_tts_triton.serving.model_config import (  # noqa: E402
     CodecModelConfig, parameters_from_model_config)
-from qwen3_tts_triton.serving.stateful_codec import parse_request, run_batch, state_specs  # noqa: E402
+from qwen3_tts_triton.serving.stateful_codec import (  # noqa: E402
+    StateCapacityError, StatePool, parse_request, parse_resident_request, run_batch, run_resident_batch, state_specs)
 from qwen3_tts_triton.serving.stateful_graphs import StatefulGraphRunner, batch_buckets_for  # noqa: E402
 
 _BACKEND_PARAMS = ("FORCE_CPU_ONLY_INPUT_TENSORS",)
@@ -55,6 +63,12 @@ class TritonPythonModel:
         if self.cfg.runtime != "torch":
             raise ValueError("codec_decoder_stateful supports runtime torch only")
         self.max_batch = int(model_config.get("max_batch_size", 0)) or None
+        self.resident = self.cfg.state == "resident"
+        if self.resident:
+            count = sum(int(g.get("count", 1)) for g in model_config.get("instance_group") or [{}])
+            if count != 1:
+                raise ValueError(f"state resident keeps each stream's state in one model instance; instance_group "
+                                 f"count must be 1, got {count}")
         self.device = torch.device(self.cfg.device if self.cfg.device == "cpu" else "cuda")
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.cfg.dtype]
         decoder, st_cfg = load_codec_decoder(self.cfg.checkpoint, self.device, self.dtype)
@@ -72,6 +86,14 @@ class TritonPythonModel:
             with torch.inference_mode():
                 self.sd.step(torch.zeros((1, 2, 16), dtype=torch.long, device=self.device),
                              self.sd.init_state(1, self.device, self.dtype))
+        self.pool = None
+        if self.resident:
+            self.pool = StatePool(self.sd, self.cfg.state_slots, self.device, self.dtype,
+                                  idle_timeout_s=self.cfg.state_idle_timeout_s)
+            self._family = pb_utils.MetricFamily(
+                name="qwen3_tts_codec_resident_states", kind=pb_utils.MetricFamily.GAUGE,
+                description="Streams whose decoder state the stateful codec holds (state resident)")
+            self._live = self._family.Metric(labels={"model": args.get("model_name", "codec_decoder_stateful")})
 
     def _parse(self, req):
         codes = pb_utils.get_input_tensor_by_name(req, "audio_codes")
@@ -92,7 +114,45 @@ class TritonPythonModel:
         return parse_request(_torch(codes), start, states, self.specs, codebook_size=self.codebook_size,
                              max_frames=self.cfg.max_frames, device=self.device, dtype=self.dtype)
 
+    def _parse_resident(self, req):
+        def get(name):
+            t = pb_utils.get_input_tensor_by_name(req, name)
+            return None if t is None else _torch(t)
+
+        sid = pb_utils.get_input_tensor_by_name(req, "stream_id")
+        return parse_resident_request(get("audio_codes"), None if sid is None else sid.as_numpy(), get("start"),
+                                      get("end"), codebook_size=self.codebook_size, max_frames=self.cfg.max_frames,
+                                      device=self.device)
+
+    def _execute_resident(self, requests):
+        expired = self.pool.expire()
+        if expired:
+            pb_utils.Logger.log_warn(f"codec_decoder_stateful: released {len(expired)} stream state(s) idle for more "
+                                     f"than {self.cfg.state_idle_timeout_s:g} s (their callers sent no end)")
+        responses = [None] * len(requests)
+        good, parsed = [], []
+        for i, req in enumerate(requests):
+            try:
+                parsed.append(self._parse_resident(req))
+                good.append(i)
+            except ValueError as e:
+                responses[i] = pb_utils.InferenceResponse(
+                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+        results = run_resident_batch(parsed, self.pool, self.runner or self.sd, self.max_batch) if parsed else []
+        for i, r in zip(good, results):
+            if isinstance(r, Exception):
+                code = (pb_utils.TritonError.INVALID_ARG if isinstance(r, ValueError) else
+                        pb_utils.TritonError.UNAVAILABLE if isinstance(r, StateCapacityError) else
+                        pb_utils.TritonError.INTERNAL)
+                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(r), code))
+            else:
+                responses[i] = pb_utils.InferenceResponse([_out("audio_values", r[None])])
+        self._live.set(self.pool.live)
+        return responses
+
     def execute(self, requests):
+        if self.resident:
+            return self._execute_resident(requests)
         responses = [None] * len(requests)
         good, parsed = [], []
         for i, req in enumerate(requests):
@@ -116,5 +176,9 @@ class TritonPythonModel:
         return responses
 
     def finalize(self):
+        if self.pool is not None:
+            self._live = None  # the metric before its family
+            self._family = None
+            self.pool = None
         self.runner = None
         self.sd = None

@@ -32,7 +32,7 @@ from qwen3_tts_triton.serving.tts_service import SAMPLE_RATE, Metrics, TtsServic
 from qwen3_tts_triton.serving.codec_batch import bucket  # noqa: E402
 from qwen3_tts_triton.serving.errors import error_code_name  # noqa: E402
 from qwen3_tts_triton.serving.stateful_codec import (  # noqa: E402
-    StatefulSession, state_specs_from_checkpoint, zero_state_inputs)
+    ResidentSession, StatefulSession, state_specs_from_checkpoint, zero_state_inputs)
 
 
 def tensors_from_dict(d):
@@ -159,6 +159,40 @@ class _StatefulCodecBLS:
         return audio, new
 
 
+class _ResidentCodecBLS:
+    """Per-request sessions on a `codec_decoder_stateful` that keeps the state itself (state
+    resident): each chunk sends its new frames and the stream id (start=true on the first); the
+    session's aclose() sends the release (end=true, no frames)."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+
+    def session(self):
+        return ResidentSession(self.step, self.release)
+
+    async def decode(self, codes, left_context):  # not used: the service opens sessions
+        raise RuntimeError("the stateful codec needs a session (codec.session())")
+
+    async def _call(self, inputs, outputs):
+        req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=outputs, inputs=inputs)
+        resp = await req.async_exec()
+        if resp.has_error():
+            raise RuntimeError(f"{self.model_name}: {resp.error().message()}")
+        return resp
+
+    async def step(self, codes, stream_id, start):
+        inputs = [pb_utils.Tensor("audio_codes", np.ascontiguousarray(codes, dtype=np.int64)[None]),
+                  pb_utils.Tensor("stream_id", np.array([[stream_id]], np.uint64))]
+        if start:
+            inputs.append(pb_utils.Tensor("start", np.ones((1, 1), np.bool_)))
+        resp = await self._call(inputs, ["audio_values"])
+        return np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])
+
+    async def release(self, stream_id):
+        await self._call([pb_utils.Tensor("stream_id", np.array([[stream_id]], np.uint64)),
+                          pb_utils.Tensor("end", np.ones((1, 1), np.bool_))], ["audio_values"])
+
+
 class _Sender:
     def __init__(self, request):
         self.sender = request.get_response_sender()
@@ -191,7 +225,9 @@ class TritonPythonModel:
         self.cfg = TtsModelConfig.from_parameters(parameters_from_model_config(model_config))
         ckpt = Qwen3TTSConfig.from_file(os.path.join(self.cfg.checkpoint, "config.json"))
         self._init_metrics()
-        if self.cfg.codec_mode == "stateful":
+        if self.cfg.codec_mode == "stateful" and self.cfg.codec_state == "resident":
+            codec = _ResidentCodecBLS(self.cfg.codec_model)
+        elif self.cfg.codec_mode == "stateful":
             codec = _StatefulCodecBLS(self.cfg.codec_model, self.cfg.checkpoint, self.cfg.codec_zero_state_start)
         else:
             codec = _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets)
