@@ -10,7 +10,8 @@
 # flags, e.g. "--codec-mode stateful"), SERVICE_ARGS (default "--duration 15 --warmup 1": each
 # closed-loop level keeps its N streams busy for 15 s, so every level measures many requests),
 # PROFILE=1 (the stubs write stack-sample profiles to $OUT/profiles, summarised in
-# $OUT/profile.txt by scripts/profile_report.py), TAG (names this run's output files).
+# $OUT/profile.txt by scripts/profile_report.py), TAG (names this run's output files),
+# PER_LEVEL=1 (one benchmark_service run per level, server metrics snapshot after each).
 # Stage "graphs": scripts/check_stateful_graphs.py (stateful codec's CUDA graphs vs eager), fp32
 # and bf16, on the preset's random decoder.
 set -uo pipefail
@@ -66,10 +67,23 @@ if [[ " $STAGES " == *" service "* ]]; then
   curl -sf localhost:18000/v2/health/ready > /dev/null || { echo "server not ready after ${i}s" >&2;
     grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f tritonserver; exit 1; }
   echo "server ready after ${i}s"
-  timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --concurrency $LEVELS \
-    --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service_$TAG.json" \
-    --out-csv "$OUT/service_$TAG.csv" 2>&1 | tail -30
-  curl -s localhost:18002/metrics | grep -E "^qwen3_tts" > "$OUT/metrics_$TAG.txt"
+  if [ "${PER_LEVEL:-0}" = 1 ]; then
+    # one benchmark_service run per level and a metrics snapshot after each, so the server's
+    # histograms (TTFA, time to first frames) can be split per level by differencing snapshots
+    for L in $LEVELS; do
+      # shellcheck disable=SC2086
+      timeout 300 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --concurrency "$L" \
+        --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service_${TAG}_c$L.json" \
+        --out-csv "$OUT/service_${TAG}_c$L.csv" --no-progress 2>&1 | tail -4
+      curl -s localhost:18002/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_${TAG}_c$L.txt"
+    done
+  else
+    # shellcheck disable=SC2086
+    timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --concurrency $LEVELS \
+      --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service_$TAG.json" \
+      --out-csv "$OUT/service_$TAG.csv" 2>&1 | tail -30
+  fi
+  curl -s localhost:18002/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_$TAG.txt"
   pkill -TERM -f tritonserver; sleep 5; pkill -KILL -f triton_python_backend_stub
   grep -E "^E|Traceback|Error" "$OUT/server_$TAG.log" | head -20
   if [ "${PROFILE:-0}" = 1 ]; then
