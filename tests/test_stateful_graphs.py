@@ -18,7 +18,7 @@ from qwen3_tts_triton.serving.model_config import (DEFAULT_STATEFUL_FRAME_BUCKET
                                                    ModelConfigError)
 from qwen3_tts_triton.serving.stateful_codec import parse_request, run_batch, state_specs
 from qwen3_tts_triton.serving.stateful_graphs import (StatefulGraphRunner, batch_buckets_for, graph_key,
-                                                      pad_state, slice_state, stage_rows)
+                                                      pad_state, slice_state, split_frames, stage_rows)
 from qwen3_tts_triton.streaming import ScheduleConfig
 
 TOL = 1e-6
@@ -165,6 +165,29 @@ def test_frames_outside_the_list_run_eagerly(sd):
     codes = _codes(sd, 5, 2, seed=1)  # more rows than the largest bucket
     runner.step(codes, _states_at(sd, [0] * 5, seed=0))
     assert runner.eager_calls == 3 and runner.graph_calls == 0 and not runner._slots
+
+
+def test_split_frames():
+    assert split_frames(20, (1, 2, 4, 8, 16, 25)) == (16, 4)
+    assert split_frames(23, (1, 2, 4, 8, 16, 25)) == (16, 4, 2, 1)
+    assert split_frames(60, (1, 2, 4, 8, 16, 25)) == (25, 25, 8, 2)
+    assert split_frames(25, (1, 2, 4, 8, 16, 25)) is None  # a bucket itself: one graph
+    assert split_frames(3, (2, 4)) is None and split_frames(6, (2, 4)) == (4, 2)
+
+
+def test_frames_outside_the_list_run_as_several_graph_steps(sd):
+    """T=7 with buckets (1, 2, 4): three padded steps (4 + 2 + 1) that equal one eager step of 7."""
+    runner = StatefulGraphRunner(sd, "cpu", torch.float32, batch_buckets=(1, 2, 4), frame_buckets=(1, 2, 4),
+                                 capture=False)
+    state = _states_at(sd, [0, 5, 9], seed=3)
+    codes = _codes(sd, 3, 7, seed=7)
+    audio, new = runner.step(codes, state)
+    with torch.inference_mode():
+        ref, ref_new = sd.step(codes, state)
+    assert audio.shape == ref.shape and _max_diff(audio, ref) <= TOL
+    for n in ref_new:
+        assert _max_diff(new[n], ref_new[n]) <= TOL * max(1.0, ref_new[n].abs().max().item()), n
+    assert (runner.split_calls, runner.graph_calls, runner.eager_calls) == (1, 3, 0)
 
 
 def test_run_batch_through_the_runner_matches_the_decoder(sd):

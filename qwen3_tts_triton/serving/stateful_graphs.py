@@ -7,8 +7,9 @@ the decoder. It keeps one CUDA graph per (batch bucket, T):
 
 * ``T`` is an **exact** new-frame count from a configured list (``stateful_frame_buckets``). Frames
   are never padded: a padded frame would be decoded *into the state* (the KV cache, the conv
-  histories and ``pos`` would advance past it). A ``T`` not in the list, or more rows than the
-  largest batch bucket, runs the eager ``sd.step``.
+  histories and ``pos`` would advance past it). A ``T`` not in the list runs as consecutive graph
+  steps of listed sizes (:func:`split_frames`; exact, and always possible when 1 is listed); one
+  that cannot be split, or more rows than the largest batch bucket, runs the eager ``sd.step``.
 * Rows are padded up to the smallest batch bucket that fits, with zero codes and **zero state**
   (a fresh stream at position 0): rows are independent, so padding rows change no real row.
 * Static buffers: per (bucket, T) the codes ``[bb, T, 16]``; the state input and the new-state
@@ -54,6 +55,19 @@ def graph_key(rows: int, frames: int, batch_buckets: Sequence[int],
     if rows < 1 or frames not in tuple(frame_buckets) or not batch_buckets or rows > batch_buckets[-1]:
         return None
     return bucket(rows, batch_buckets), int(frames)
+
+
+def split_frames(frames: int, frame_buckets: Sequence[int]) -> Optional[Tuple[int, ...]]:
+    """``frames`` as a sum of ``frame_buckets`` values, largest first (greedy), or None when the
+    greedy split leaves a remainder (no bucket of 1) or ``frames`` is itself a bucket."""
+    if frames in tuple(frame_buckets) or frames < 1:
+        return None
+    out, left = [], int(frames)
+    for v in sorted(frame_buckets, reverse=True):
+        while left >= v:
+            out.append(int(v))
+            left -= v
+    return tuple(out) if left == 0 else None
 
 
 def stage_rows(dst, src) -> None:
@@ -129,6 +143,7 @@ class StatefulGraphRunner:
         self._pool = None
         self.graph_calls = 0  # calls served by a (graph or capture=False padded) slot
         self.eager_calls = 0  # calls that fell back to sd.step
+        self.split_calls = 0  # calls whose T ran as several graph steps (split_frames)
 
     # ---- the decoder's layout API (run_batch uses these) ------------------------------------
 
@@ -197,10 +212,24 @@ class StatefulGraphRunner:
 
     def step(self, codes, state):
         """``codes`` int64 ``[b, T, 16]``, ``state`` name -> ``[b, ...]`` (``pos`` ``[b]``) on the
-        runner's device -> (audio ``[b, T*spf]``, new state), new tensors the caller owns."""
+        runner's device -> (audio ``[b, T*spf]``, new state), new tensors the caller owns.
+
+        A ``T`` outside ``frame_buckets`` that :func:`split_frames` can write as a sum of them
+        (always, when 1 is a bucket) runs as consecutive graph steps, which is exact (the
+        stateful decode of any chunking equals the whole decode), e.g. a stream's last 20 frames
+        as 16 + 4; otherwise, and for more rows than the largest bucket, ``sd.step`` runs eagerly."""
         torch = self.torch
         b, t = int(codes.shape[0]), int(codes.shape[1])
         key = graph_key(b, t, self.batch_buckets, self.frame_buckets)
+        pieces = split_frames(t, self.frame_buckets) if key is None and b <= self.batch_buckets[-1] else None
+        if pieces:
+            self.split_calls += 1
+            audio, off = [], 0
+            for n in pieces:
+                a, state = self.step(codes[:, off:off + n], state)
+                audio.append(a)
+                off += n
+            return torch.cat(audio, dim=1), state
         if key is None:
             self.eager_calls += 1
             with torch.inference_mode():

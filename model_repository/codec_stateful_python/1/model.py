@@ -31,6 +31,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
+from qwen3_tts_triton import profiling  # noqa: E402
 from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder  # noqa: E402
 from qwen3_tts_triton.serving.codec_runtime import load_codec_decoder  # noqa: E402
 from qwen3_tts_triton.serving.model_config import (  # noqa: E402
@@ -57,6 +58,7 @@ def _out(name, x):
 
 class TritonPythonModel:
     def initialize(self, args):
+        profiling.maybe_start("codec_decoder_stateful")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         model_config = json.loads(args["model_config"])
         params = {k: v for k, v in parameters_from_model_config(model_config).items() if k not in _BACKEND_PARAMS}
         self.cfg = CodecModelConfig.from_parameters(params)
@@ -181,4 +183,5 @@ class TritonPythonModel:
             self._family = None
             self.pool = None
         self.runner = None
+        profiling.stop()
         self.sd = None
