@@ -290,6 +290,19 @@ def new_stream_id() -> int:
     return uuid.uuid4().int >> 65
 
 
+def to_device_async(t, device):
+    """A CPU tensor on ``device`` without blocking the host: a pageable host-to-device copy waits
+    for the device's queue, and with the GPU time-sliced between the talker's and the codec's
+    processes every such wait costs about a time slice (scripts/gpu_share_probe.py). The copy
+    goes through pinned memory (PyTorch keeps it alive until the copy is done)."""
+    import torch
+
+    device = torch.device(device) if device is not None else t.device
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 class StatePool:
     """Live streams' decoder states in preallocated slots on one device.
 
@@ -381,11 +394,16 @@ class StatePool:
         self.expired_total += len(gone)
         return gone
 
-    def gather(self, slots: Sequence[int]) -> "OrderedDict[str, Any]":
-        """The state of these slots as ``name -> [b, *shape]`` (``pos`` ``[b]``), in name order."""
+    def index(self, slots: Sequence[int]):
+        """The slots as an int64 index tensor on the pool's device (no host sync)."""
         import torch
 
-        idx = torch.as_tensor(list(slots), dtype=torch.int64, device=self.buf.device)
+        return to_device_async(torch.tensor(list(slots), dtype=torch.int64), self.buf.device)
+
+    def gather(self, slots: Sequence[int], idx=None) -> "OrderedDict[str, Any]":
+        """The state of these slots as ``name -> [b, *shape]`` (``pos`` ``[b]``), in name order.
+        ``idx``: :meth:`index` of ``slots``, if the caller has it already."""
+        idx = self.index(slots) if idx is None else idx
         flat = self.buf.index_select(0, idx)
         b = len(slots)
         out: "OrderedDict[str, Any]" = OrderedDict()
@@ -397,12 +415,12 @@ class StatePool:
                 out[n] = flat[:, off:off + numel].view((b,) + shape)
         return out
 
-    def scatter(self, slots: Sequence[int], state: Mapping[str, Any]) -> None:
+    def scatter(self, slots: Sequence[int], state: Mapping[str, Any], idx=None) -> None:
         """Store a step's new state (``name -> [b, ...]``) into these slots."""
         import torch
 
         b = len(slots)
-        idx = torch.as_tensor(list(slots), dtype=torch.int64, device=self.buf.device)
+        idx = self.index(slots) if idx is None else idx
         flat = torch.cat([state[n].reshape(b, -1).to(self.buf.dtype) for n in self.float_names], dim=1)
         if flat.shape[1] != self.row_numel:
             raise RuntimeError(f"new state has {flat.shape[1]} values per row; the pool holds {self.row_numel}")
@@ -467,12 +485,15 @@ def parse_resident_request(codes, stream_id, start=None, end=None, codebook_size
     lo, hi = int(c.min()), int(c.max())
     if lo < 0 or hi >= codebook_size:
         raise ValueError(f"audio_codes values must be in [0, {codebook_size}), got [{lo}, {hi}]")
-    return ResidentRequest(int(sid[0]), c.to(device=device, dtype=torch.int64), s, e)
+    return ResidentRequest(int(sid[0]), to_device_async(c.to(torch.int64), device), s, e)
 
 
 def run_resident_batch(requests: Sequence[ResidentRequest], pool: StatePool, sd,
                        max_batch: Optional[int] = None) -> List[Any]:
     """Serve one batch of resident-mode requests against ``pool``.
+
+    The only host sync is the audio's copy to the host at the end of each step call (indices and
+    codes go to the device without one, :func:`to_device_async`).
 
     Per request, in order: open (``start``) or look up its stream; decode the new frames of all
     requests in as few ``sd.step`` calls as possible (grouped by ``T``, slices of ``max_batch``
@@ -508,12 +529,14 @@ def run_resident_batch(requests: Sequence[ResidentRequest], pool: StatePool, sd,
             part = members[s0:s0 + step]
             try:
                 codes = torch.cat([requests[i].codes for i in part])
-                state = pool.gather([slots[i] for i in part])
+                rows = [slots[i] for i in part]
+                idx = pool.index(rows)
+                state = pool.gather(rows, idx)
                 with torch.inference_mode():
                     audio, new = sd.step(codes, state)
                 if audio.dim() != 2 or audio.shape[0] != len(part) or audio.shape[1] % t:
                     raise RuntimeError(f"decoder returned audio {list(audio.shape)} for {len(part)} rows of {t} frames")
-                pool.scatter([slots[i] for i in part], new)
+                pool.scatter(rows, new, idx)
                 audio = audio.float().cpu()
                 for k, i in enumerate(part):
                     out[i] = audio[k]
