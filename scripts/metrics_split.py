@@ -9,7 +9,8 @@ Per level: mean time to first audio and to the talker's first frames (the tts hi
 ``qwen3_tts_time_to_first_{audio,frames}_seconds``), their difference (first codec call, send and
 hops), and per model: requests, executions, mean batch, the time one execution took (Triton's
 compute duration is counted per request, so compute / requests is the duration of the batch a
-request was in), busy seconds (executions x that duration) and queue time per request.
+request was in), busy seconds (executions x that duration; an estimate that leans high, since
+requests in larger, longer batches weigh more in the mean) and queue time per request.
 """
 
 from __future__ import annotations
