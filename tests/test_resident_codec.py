@@ -20,6 +20,7 @@ from qwen3_tts_triton.serving.model_config import CodecModelConfig, ModelConfigE
 from qwen3_tts_triton.serving.stateful_codec import (ResidentSession, StateCapacityError, StatePool,
                                                      new_stream_id, parse_resident_request, run_resident_batch)
 from qwen3_tts_triton.serving.tts_service import Metrics, TtsService
+from test_tts_service import Sender  # the recording fake Sender of the tts service tests
 
 SPF = 1920
 
@@ -255,19 +256,6 @@ class FakeTalker:
 
     async def abort(self, rid):
         self.aborted.append(rid)
-
-
-class Sender:
-    def __init__(self):
-        self.items, self.finals = [], 0
-
-    def audio(self, samples, final):
-        self.items.append(("audio", samples, final))
-        self.finals += final
-
-    def error(self, err):
-        self.items.append(("error", err, True))
-        self.finals += 1
 
 
 def service(talker, codec):

@@ -151,6 +151,20 @@ class StepResult:
     state: Dict[str, Any]  # name -> tensor [b, ...] (pos: [b, 1]), in the specs' order
 
 
+def check_codes_values(codes, codebook_size: int, max_frames: Optional[int]) -> None:
+    """Integer dtype, at most ``max_frames`` new frames (dim 1), values in ``[0, codebook_size)``
+    (``audio_codes`` of either state mode; shapes are checked by the callers)."""
+    import torch
+
+    if codes.dtype.is_floating_point or codes.dtype == torch.bool:
+        raise ValueError(f"audio_codes must be integers, got {codes.dtype}")
+    if max_frames is not None and codes.shape[1] > max_frames:
+        raise ValueError(f"audio_codes has {codes.shape[1]} new frames; the limit is {max_frames}")
+    lo, hi = int(codes.min()), int(codes.max())
+    if lo < 0 or hi >= codebook_size:
+        raise ValueError(f"audio_codes values must be in [0, {codebook_size}), got [{lo}, {hi}]")
+
+
 def parse_request(codes, start: Optional[bool], states: Mapping[str, Any], specs: Sequence[StateSpec],
                   codebook_size: int = 2048, max_frames: Optional[int] = None, device=None,
                   dtype=None) -> StepRequest:
@@ -166,13 +180,7 @@ def parse_request(codes, start: Optional[bool], states: Mapping[str, Any], specs
         raise ValueError(f"audio_codes must have shape [batch, frames, {NUM_QUANTIZERS}], got {list(codes.shape)}")
     if codes.shape[0] < 1 or codes.shape[1] < 1:
         raise ValueError(f"audio_codes must have at least one row and one frame, got {list(codes.shape)}")
-    if codes.dtype.is_floating_point or codes.dtype == torch.bool:
-        raise ValueError(f"audio_codes must be integers, got {codes.dtype}")
-    if max_frames is not None and codes.shape[1] > max_frames:
-        raise ValueError(f"audio_codes has {codes.shape[1]} new frames; the limit is {max_frames}")
-    lo, hi = int(codes.min()), int(codes.max())
-    if lo < 0 or hi >= codebook_size:
-        raise ValueError(f"audio_codes values must be in [0, {codebook_size}), got [{lo}, {hi}]")
+    check_codes_values(codes, codebook_size, max_frames)
     codes = codes.to(device=device, dtype=torch.int64)
     known = {s.input_name for s in specs}
     unknown = sorted(set(states) - known)
@@ -478,13 +486,7 @@ def parse_resident_request(codes, stream_id, start=None, end=None, codebook_size
     if c.dim() != 3 or c.shape[0] != 1 or c.shape[2] != NUM_QUANTIZERS or c.shape[1] < 1:
         raise ValueError(f"audio_codes must have shape [1, frames>=1, {NUM_QUANTIZERS}] (one stream per request), "
                          f"got {list(c.shape)}")
-    if c.dtype.is_floating_point or c.dtype == torch.bool:
-        raise ValueError(f"audio_codes must be integers, got {c.dtype}")
-    if max_frames is not None and c.shape[1] > max_frames:
-        raise ValueError(f"audio_codes has {c.shape[1]} new frames; the limit is {max_frames}")
-    lo, hi = int(c.min()), int(c.max())
-    if lo < 0 or hi >= codebook_size:
-        raise ValueError(f"audio_codes values must be in [0, {codebook_size}), got [{lo}, {hi}]")
+    check_codes_values(c, codebook_size, max_frames)
     return ResidentRequest(int(sid[0]), to_device_async(c.to(torch.int64), device), s, e)
 
 
@@ -609,9 +611,7 @@ class StatefulSession:
         self._counted = False
 
     async def decode(self, codes: np.ndarray, left_context: int) -> np.ndarray:
-        if self.closed:
-            raise RuntimeError("codec session is closed")
-        new = np.asarray(codes)[left_context:]
+        new = _new_frames(self, codes, left_context)
         if new.shape[0] == 0:
             return np.zeros(0, np.float32)
         if not self._counted and self.counter is not None:
@@ -639,6 +639,14 @@ def open_session(codec):
     return make() if callable(make) else WindowedSession(codec)
 
 
+def _new_frames(session, codes: np.ndarray, left_context: int) -> np.ndarray:
+    """A stateful session's new frames: ``codes[left_context:]`` (with the stateful schedule the
+    left context is 0; any context frames were decoded before and live in the state)."""
+    if session.closed:
+        raise RuntimeError("codec session is closed")
+    return np.asarray(codes)[left_context:]
+
+
 # step(new_codes [T, 16], stream_id, start) -> audio [T * spf]; release(stream_id) -> None
 ResidentStep = Callable[[np.ndarray, int, bool], Awaitable[np.ndarray]]
 ResidentRelease = Callable[[int], Awaitable[None]]
@@ -660,9 +668,7 @@ class ResidentSession:
         self.closed = False
 
     async def decode(self, codes: np.ndarray, left_context: int) -> np.ndarray:
-        if self.closed:
-            raise RuntimeError("codec session is closed")
-        new = np.asarray(codes)[left_context:]
+        new = _new_frames(self, codes, left_context)
         if new.shape[0] == 0:
             return np.zeros(0, np.float32)
         start = not self.opened

@@ -56,6 +56,19 @@ def _out(name, x):
     return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(x))
 
 
+def _parse_all(requests, parse):
+    """(responses with INVALID_ARG where ``parse`` raised ValueError, indices parsed, parsed)."""
+    responses = [None] * len(requests)
+    good, parsed = [], []
+    for i, req in enumerate(requests):
+        try:
+            parsed.append(parse(req))
+            good.append(i)
+        except ValueError as e:
+            responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+    return responses, good, parsed
+
+
 class TritonPythonModel:
     def initialize(self, args):
         profiling.maybe_start("codec_decoder_stateful")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
@@ -131,15 +144,7 @@ class TritonPythonModel:
         if expired:
             pb_utils.Logger.log_warn(f"codec_decoder_stateful: released {len(expired)} stream state(s) idle for more "
                                      f"than {self.cfg.state_idle_timeout_s:g} s (their callers sent no end)")
-        responses = [None] * len(requests)
-        good, parsed = [], []
-        for i, req in enumerate(requests):
-            try:
-                parsed.append(self._parse_resident(req))
-                good.append(i)
-            except ValueError as e:
-                responses[i] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+        responses, good, parsed = _parse_all(requests, self._parse_resident)
         results = run_resident_batch(parsed, self.pool, self.runner or self.sd, self.max_batch) if parsed else []
         for i, r in zip(good, results):
             if isinstance(r, Exception):
@@ -155,15 +160,7 @@ class TritonPythonModel:
     def execute(self, requests):
         if self.resident:
             return self._execute_resident(requests)
-        responses = [None] * len(requests)
-        good, parsed = [], []
-        for i, req in enumerate(requests):
-            try:
-                parsed.append(self._parse(req))
-                good.append(i)
-            except ValueError as e:
-                responses[i] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+        responses, good, parsed = _parse_all(requests, self._parse)
         if parsed:
             try:
                 results = run_batch(parsed, self.runner or self.sd, self.device, self.dtype, self.max_batch)
