@@ -53,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from .engine import EngineError, TalkerRequest, check_prompt_frames_trailing
+from .sampling import gumbel_from_bits
 
 __all__ = ["NativeEngineConfig", "NativeEngine", "NativeModel", "EngineError", "TalkerRequest",
            "gumbel_noise", "hash_seed"]
@@ -229,8 +230,7 @@ def _gumbel(key: torch.Tensor, counter: torch.Tensor, cols: torch.Tensor) -> tor
     s = _mix32(key[:, None] ^ _mix32(counter + 0x3C6EF372))  # [B, J]
     x = _mix32(s[..., None] ^ ((cols * 0x9E3779B1) & _M32))
     x = _mix32(x + 0x6A09E667)
-    u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)  # (0, 1)
-    return -torch.log(-torch.log(u))
+    return gumbel_from_bits(x >> 8)  # finite for every input (sampling.gumbel_from_bits)
 
 
 def gumbel_noise(key: torch.Tensor, counter: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,18 @@ from typing import Any, Optional
 
 import torch
 
+
+def gumbel_from_bits(bits24: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise, float32, from 24 random bits per element (int64 in [0, 2^24)).
+
+    ``u = (bits + 0.5) / 2^24`` lies strictly inside (0, 1), but in float32 the top value
+    ``1 - 2^-25`` rounds to 1.0, and ``-log(-log(1)) = +inf``; a masked (``-inf``) logit plus
+    ``+inf`` is NaN, which ``argmax`` picks: a suppressed token got sampled once in CI. Here ``u``
+    and the logs are computed in float64 (exact for every input), and only the finite result is
+    cast to float32. Shared by the vLLM talker's and the native engine's samplers."""
+    u = (bits24.to(torch.float64) + 0.5) * (1.0 / 16777216.0)
+    return (-torch.log(-torch.log(u))).to(torch.float32)
+
 from .config import GenerationDefaults
 
 __all__ = [

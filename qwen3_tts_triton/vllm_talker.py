@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .sampling import gumbel_from_bits
+
 EXTRA_KEY = "qwen3_tts"  # SamplingParams.extra_args key
 ARCH = "Qwen3TTSTalkerForVLLM"
 NUM_CHANNEL = 16
@@ -78,8 +80,7 @@ def gumbel_noise(seed: torch.Tensor, frame: torch.Tensor, codebook: int, vocab: 
     v = torch.arange(vocab, device=seed.device, dtype=torch.int64)
     vm = _mix32((v * 0x9E3779B1 + 0x7F4A7C15) & _M32)  # [V]
     x = _mix32(base[:, None] ^ vm[None, :]) >> 8  # 24 bits
-    u = (x.to(torch.float32) + 0.5) * (1.0 / 16777216.0)
-    return -torch.log(-torch.log(u))
+    return gumbel_from_bits(x)  # finite for every x (a float32 u could round to 1.0: +inf)
 
 
 def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,

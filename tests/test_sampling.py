@@ -148,3 +148,21 @@ def test_from_defaults():
     assert (p.max_new_tokens, p.top_k, p.seed, p.repetition_penalty, p.temperature) == (8192, 30, 5, 1.05, 0.9)
     with pytest.raises(ValueError, match="unknown sampling parameter"):
         SamplingParams.from_defaults(GenerationDefaults(), topk=3)
+
+
+def test_gumbel_from_bits_is_finite_at_the_extremes():
+    """The largest 24-bit draw gave u = 1.0 in float32 (1 - 2^-25 rounds up), i.e. +inf noise,
+    and -inf (a suppressed or top-k-masked logit) + inf = NaN, which argmax picks: CI once saw
+    the vLLM talker emit codebook-0 id 2587, a suppressed special id."""
+    from qwen3_tts_triton.sampling import gumbel_from_bits
+
+    bits = torch.tensor([0, 1, 2**23, 2**24 - 2, 2**24 - 1], dtype=torch.int64)
+    old = -torch.log(-torch.log((bits.to(torch.float32) + 0.5) * (1.0 / 16777216.0)))
+    assert torch.isinf(old[-1])  # the defect this function removes
+    g = gumbel_from_bits(bits)
+    assert g.dtype == torch.float32 and bool(torch.isfinite(g).all()), g
+    assert bool((g[1:] > g[:-1]).all())  # monotone in the bits
+    logits = torch.full((5, 4), float("-inf"))
+    logits[:, 2] = 0.0  # the only allowed id
+    noise = gumbel_from_bits(torch.tensor([[2**24 - 1] * 4] * 5))
+    assert (logits + noise).argmax(-1).tolist() == [2] * 5
