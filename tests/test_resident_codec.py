@@ -330,6 +330,40 @@ def test_resident_session_contract():
 # Config and repository
 
 
+def test_instance_count():
+    from qwen3_tts_triton.serving.model_config import instance_count
+
+    assert instance_count({"instance_group": [{"kind": "KIND_MODEL", "count": 1}]}) == 1
+    assert instance_count({"instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [0, 1]}]}) == 2
+    assert instance_count('{"instance_group": [{"kind": "KIND_CPU", "count": 3}]}') == 3
+    assert instance_count({}) == 1
+
+
+def test_resident_session_retries_a_failed_release_once():
+    calls = []
+
+    async def step(codes, sid, start):
+        return np.zeros(codes.shape[0] * SPF, np.float32)
+
+    def release_failing(n):
+        async def release(sid):
+            calls.append(sid)
+            if len(calls) <= n:
+                raise RuntimeError("codec unreachable")
+        return release
+
+    s = ResidentSession(step, release_failing(1), stream_id=5)
+    asyncio.run(s.decode(np.zeros((2, 16)), 0))
+    asyncio.run(s.aclose())
+    assert calls == [5, 5]
+    calls.clear()
+    s = ResidentSession(step, release_failing(2), stream_id=6)
+    asyncio.run(s.decode(np.zeros((2, 16)), 0))
+    with pytest.raises(RuntimeError, match="unreachable"):
+        asyncio.run(s.aclose())
+    assert calls == [6, 6] and s.closed
+
+
 def test_codec_and_tts_config_state_parameters():
     c = CodecModelConfig.from_parameters({"checkpoint": "/x", "state": "resident", "state_slots": "16",
                                           "state_idle_timeout_s": "0"})
@@ -358,7 +392,14 @@ def test_repository_resident_codec(tiny_checkpoint, tmp_path):
     assert 'name: "stream_id" data_type: TYPE_UINT64' in text and 'name: "end"' in text
     assert 'name: "state_in_' not in text and 'name: "state_out_' not in text and "optional: true  #" in text
     codec = CodecModelConfig.from_parameters(parse_pbtxt_parameters(text))
-    assert codec.state == "resident" and codec.state_slots == 2 * 8 * 2
+    assert codec.state == "resident" and codec.state_slots == 2 * 8 * 2 and codec.state_idle_timeout_s == 300
+    assert "kind: KIND_CPU count: 1" in text
+    gpu = build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python", device="gpu",
+                                              codec_mode="stateful", codec_state_idle_timeout_s=30),
+                           str(tmp_path / "gpu"))
+    gtext = open(f"{gpu}/codec_decoder_stateful/config.pbtxt").read()
+    assert "kind: KIND_MODEL count: 1" in gtext  # one instance whatever the host's GPU count
+    assert CodecModelConfig.from_parameters(parse_pbtxt_parameters(gtext)).state_idle_timeout_s == 30
     tts = TtsModelConfig.from_parameters(parse_pbtxt_parameters(open(f"{out}/tts/config.pbtxt").read()))
     assert tts.codec_state == "resident" and tts.codec_mode == "stateful"
 
@@ -368,7 +409,9 @@ def test_repository_resident_codec(tiny_checkpoint, tmp_path):
     assert "state_in_attn_0_k" in text and 'name: "stream_id"' not in text and "optional: false" in text
     assert CodecModelConfig.from_parameters(parse_pbtxt_parameters(text)).state == "request"
 
+    assert "kind: KIND_CPU count: 1" in text  # state request: as before
     for kw, msg in ((dict(codec_state="both"), "codec_state must be one of"),
+                    (dict(codec_state_idle_timeout_s=-1), "codec_state_idle_timeout_s"),
                     (dict(codec_state_slots=-1), "codec_state_slots"),
                     (dict(codec_state="resident", codec_stateful_backend="tensorrt", device="gpu"),
                      "codec_state resident needs codec_stateful_backend python")):

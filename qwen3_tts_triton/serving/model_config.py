@@ -41,6 +41,20 @@ def parameters_from_model_config(model_config: Any) -> dict:
     return out
 
 
+def instance_count(model_config: Any) -> int:
+    """How many instances Triton creates for a model config (dict or JSON): ``count`` per
+    instance group, times the group's GPUs for KIND_GPU (Triton's normalized config lists every
+    visible GPU there when the config names none)."""
+    cfg = json.loads(model_config) if isinstance(model_config, str) else model_config
+    n = 0
+    for g in cfg.get("instance_group") or [{}]:
+        c = int(g.get("count", 1))
+        if g.get("kind", "KIND_GPU") == "KIND_GPU":
+            c *= max(1, len(g.get("gpus") or []))
+        n += c
+    return n
+
+
 def _convert(name: str, raw: str, typ, default):
     s = raw.strip()
     try:

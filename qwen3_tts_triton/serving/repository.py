@@ -65,6 +65,7 @@ class RepositorySettings:
     # request on tensorrt.
     codec_state: str = ""
     codec_state_slots: int = 0  # state resident: slots; 0 = 2 x max_in_flight x tts_instances
+    codec_state_idle_timeout_s: float = 300.0  # state resident: release streams idle this long (0: never)
     # tts
     default_speaker: str = ""
     default_max_frames: int = 2048
@@ -99,6 +100,9 @@ class RepositorySettings:
         if not isinstance(self.codec_state_slots, int) or self.codec_state_slots < 0:
             raise RepositoryError(f"codec_state_slots must be an int >= 0 (0: 2 x max_in_flight x tts_instances), "
                                   f"got {self.codec_state_slots!r}")
+        if not isinstance(self.codec_state_idle_timeout_s, (int, float)) or not 0 <= self.codec_state_idle_timeout_s <= 86400:
+            raise RepositoryError(f"codec_state_idle_timeout_s must be in [0, 86400] seconds (0: never), "
+                                  f"got {self.codec_state_idle_timeout_s!r}")
         if self.codec_stateful_backend == "tensorrt":
             if self.codec_state == "resident":
                 raise RepositoryError("codec_state resident needs codec_stateful_backend python (a TensorRT plan "
@@ -181,6 +185,7 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         codec_state="request",
         codec_state_slots=str(s.codec_state_slots or 2 * s.max_in_flight * s.tts_instances),
         codec_codes_optional="false",
+        codec_stateful_instance_kind="KIND_CPU" if cpu else "KIND_GPU",
         codec_state_outputs_tail="",
     )
     stateful = s.codec_mode == "stateful"
@@ -196,7 +201,8 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
             ins = ('  { name: "stream_id" data_type: TYPE_UINT64 dims: [ 1 ] },\n'
                    '  { name: "end" data_type: TYPE_BOOL dims: [ 1 ] optional: true }')
             outs = ""
-            values.update(codec_codes_optional="true")
+            values.update(codec_codes_optional="true",
+                          codec_stateful_instance_kind="KIND_CPU" if cpu else "KIND_MODEL")
         else:
             ins, outs = config_io_blocks(specs, s.codec_dtype)
         values.update(codec_state_inputs=ins, codec_state_outputs=outs, codec_state=mode,

@@ -35,9 +35,9 @@ the codec's copy on ``aclose()`` (both called in a ``finally`` on end, error and
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -295,7 +295,7 @@ STREAM_ID_MAX = (1 << 64) - 1
 
 def new_stream_id() -> int:
     """A random 63-bit stream id (unique across tts instances with overwhelming probability)."""
-    return uuid.uuid4().int >> 65
+    return secrets.randbits(63)
 
 
 def to_device_async(t, device):
@@ -678,11 +678,16 @@ class ResidentSession:
         return audio
 
     async def aclose(self) -> None:
+        """Release the codec's state; one retry (a lost release holds a slot until the codec's
+        idle timeout), then the error goes to the caller (the service logs it)."""
         if self.closed:
             return
         self.closed = True
         if self.opened:
-            await self.release(self.stream_id)
+            try:
+                await self.release(self.stream_id)
+            except Exception:  # noqa: BLE001 - retried once below
+                await self.release(self.stream_id)
 
     def close(self) -> None:  # sync callers: nothing to release if no call was made
         if self.opened and not self.closed:

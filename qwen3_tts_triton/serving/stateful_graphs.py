@@ -8,7 +8,8 @@ the decoder. It keeps one CUDA graph per (batch bucket, T):
 * ``T`` is an **exact** new-frame count from a configured list (``stateful_frame_buckets``). Frames
   are never padded: a padded frame would be decoded *into the state* (the KV cache, the conv
   histories and ``pos`` would advance past it). A ``T`` not in the list runs as consecutive graph
-  steps of listed sizes (:func:`split_frames`; exact, and always possible when 1 is listed); one
+  steps of listed sizes (:func:`split_frames`; the same decode up to rounding, and always possible
+  when 1 is listed); one
   that cannot be split, or more rows than the largest batch bucket, runs the eager ``sd.step``.
 * Rows are padded up to the smallest batch bucket that fits, with zero codes and **zero state**
   (a fresh stream at position 0): rows are independent, so padding rows change no real row.
@@ -215,9 +216,9 @@ class StatefulGraphRunner:
         runner's device -> (audio ``[b, T*spf]``, new state), new tensors the caller owns.
 
         A ``T`` outside ``frame_buckets`` that :func:`split_frames` can write as a sum of them
-        (always, when 1 is a bucket) runs as consecutive graph steps, which is exact (the
-        stateful decode of any chunking equals the whole decode), e.g. a stream's last 20 frames
-        as 16 + 4; otherwise, and for more rows than the largest bucket, ``sd.step`` runs eagerly."""
+        (always, when 1 is a bucket) runs as consecutive graph steps, e.g. a stream's last 20
+        frames as 16 + 4: the same decode (stateful decoding is exact for any chunking), equal up
+        to floating-point rounding (other kernel shapes); otherwise, and for more rows than the largest bucket, ``sd.step`` runs eagerly."""
         torch = self.torch
         b, t = int(codes.shape[0]), int(codes.shape[1])
         key = graph_key(b, t, self.batch_buckets, self.frame_buckets)

@@ -35,7 +35,7 @@ from qwen3_tts_triton import profiling  # noqa: E402
 from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder  # noqa: E402
 from qwen3_tts_triton.serving.codec_runtime import load_codec_decoder  # noqa: E402
 from qwen3_tts_triton.serving.model_config import (  # noqa: E402
-    CodecModelConfig, parameters_from_model_config)
+    CodecModelConfig, instance_count, parameters_from_model_config)
 from qwen3_tts_triton.serving.stateful_codec import (  # noqa: E402
     StateCapacityError, StatePool, parse_request, parse_resident_request, run_batch, run_resident_batch, state_specs)
 from qwen3_tts_triton.serving.stateful_graphs import StatefulGraphRunner, batch_buckets_for  # noqa: E402
@@ -80,7 +80,7 @@ class TritonPythonModel:
         self.max_batch = int(model_config.get("max_batch_size", 0)) or None
         self.resident = self.cfg.state == "resident"
         if self.resident:
-            count = sum(int(g.get("count", 1)) for g in model_config.get("instance_group") or [{}])
+            count = instance_count(model_config)
             if count != 1:
                 raise ValueError(f"state resident keeps each stream's state in one model instance; instance_group "
                                  f"count must be 1, got {count}")

@@ -29,6 +29,7 @@ from qwen3_tts_triton.serving.model_config import TtsModelConfig, parameters_fro
 from qwen3_tts_triton.serving.pipeline import trim_window  # noqa: E402
 from qwen3_tts_triton.serving.request import TTS_INPUTS, RequestError  # noqa: E402
 from qwen3_tts_triton.serving.tts_service import SAMPLE_RATE, Metrics, TtsService  # noqa: E402
+from qwen3_tts_triton.serving.admission import Overloaded  # noqa: E402
 from qwen3_tts_triton.serving.codec_batch import bucket  # noqa: E402
 from qwen3_tts_triton.serving.errors import error_code_name  # noqa: E402
 from qwen3_tts_triton.serving.stateful_codec import (  # noqa: E402
@@ -177,7 +178,10 @@ class _ResidentCodecBLS:
         req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=outputs, inputs=inputs)
         resp = await req.async_exec()
         if resp.has_error():
-            raise RuntimeError(f"{self.model_name}: {resp.error().message()}")
+            err = resp.error()
+            if err.code() == pb_utils.TritonError.UNAVAILABLE:  # every codec state slot taken: retryable
+                raise Overloaded(f"{self.model_name}: {err.message()}")
+            raise RuntimeError(f"{self.model_name}: {err.message()}")
         return resp
 
     async def step(self, codes, stream_id, start):
