@@ -28,6 +28,14 @@ from typing import Any, Optional
 
 import torch
 
+from .config import GenerationDefaults
+
+__all__ = [
+    "SamplingParams", "apply_repetition_penalty", "mask_eos_before_min_tokens", "suppress_special_ids",
+    "apply_temperature", "top_k_filter", "top_p_filter", "process_c0_logits", "warp_and_sample",
+    "sample_c0", "sample_residual", "gumbel_from_bits",
+]
+
 
 def gumbel_from_bits(bits24: torch.Tensor) -> torch.Tensor:
     """Gumbel(0, 1) noise, float32, from 24 random bits per element (int64 in [0, 2^24)).
@@ -40,13 +48,6 @@ def gumbel_from_bits(bits24: torch.Tensor) -> torch.Tensor:
     u = (bits24.to(torch.float64) + 0.5) * (1.0 / 16777216.0)
     return (-torch.log(-torch.log(u))).to(torch.float32)
 
-from .config import GenerationDefaults
-
-__all__ = [
-    "SamplingParams", "apply_repetition_penalty", "mask_eos_before_min_tokens", "suppress_special_ids",
-    "apply_temperature", "top_k_filter", "top_p_filter", "process_c0_logits", "warp_and_sample",
-    "sample_c0", "sample_residual",
-]
 
 _NEG_INF = float("-inf")
 

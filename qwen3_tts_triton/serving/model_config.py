@@ -164,7 +164,8 @@ class CodecModelConfig:
     # codec_decoder_stateful on CUDA with cuda_graphs: one graph per (batch bucket, T) for these
     # EXACT new-frame counts T (a stateful step must never see padded frames: they would enter the
     # state). Default: the tts chunk schedule's sizes (first 2, ramp 4/8/16, chunk 25) plus 1;
-    # any other T (e.g. a stream's last, shorter chunk) runs eagerly.
+    # any other T (e.g. a stream's last, shorter chunk) runs as several graph steps of these
+    # sizes (stateful_graphs.split_frames), or eagerly when it cannot be split into them.
     stateful_frame_buckets: tuple = DEFAULT_STATEFUL_FRAME_BUCKETS
     # codec_decoder_stateful: where a stream's decoder state lives between chunks. "request": it
     # travels as state_in_* / state_out_* tensors; "resident": this model keeps it in

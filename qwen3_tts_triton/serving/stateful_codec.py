@@ -35,6 +35,7 @@ the codec's copy on ``aclose()`` (both called in a ``finally`` on end, error and
 
 from __future__ import annotations
 
+import math
 import secrets
 import threading
 import time
@@ -290,9 +291,6 @@ class StateCapacityError(RuntimeError):
     """Every state slot is taken (the adapter answers UNAVAILABLE)."""
 
 
-STREAM_ID_MAX = (1 << 64) - 1
-
-
 def new_stream_id() -> int:
     """A random 63-bit stream id (unique across tts instances with overwhelming probability)."""
     return secrets.randbits(63)
@@ -340,9 +338,7 @@ class StatePool:
         off = 0
         for n in self.float_names:
             shape = tuple(shapes[n][1:])
-            numel = 1
-            for x in shape:
-                numel *= x
+            numel = math.prod(shape)
             self.layout[n] = (off, numel, shape)
             off += numel
         self.row_numel = off
@@ -524,8 +520,8 @@ def run_resident_batch(requests: Sequence[ResidentRequest], pool: StatePool, sd,
             out[i] = e
             refused.add(i)
     keys = list(slots)
-    for t, idx in group_by_frames([requests[i].frames for i in keys]).items():
-        members = [keys[k] for k in idx]
+    for t, group in group_by_frames([requests[i].frames for i in keys]).items():
+        members = [keys[k] for k in group]
         step = max_batch or len(members)
         for s0 in range(0, len(members), step):
             part = members[s0:s0 + step]

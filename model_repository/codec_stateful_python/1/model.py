@@ -91,7 +91,8 @@ class TritonPythonModel:
         self.sd = StatefulCodecDecoder(decoder).eval()
         self.specs = state_specs(self.sd)
         # CUDA graphs (GPU, cuda_graphs on): one per (batch bucket, exact T in stateful_frame_buckets),
-        # all captured here so no request pays for a capture; other T run eagerly.
+        # all captured here so no request pays for a capture; other T run as
+        # several graph steps (StatefulGraphRunner.step).
         self.runner = None
         if self.device.type == "cuda" and self.cfg.cuda_graphs:
             self.runner = StatefulGraphRunner(self.sd, self.device, self.dtype, batch_buckets_for(self.max_batch),
