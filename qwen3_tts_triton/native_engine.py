@@ -23,7 +23,10 @@ Layout (all on the device, allocated once):
 Active requests always occupy slots ``0..n-1`` (a leaving request's slot is filled by moving the
 last active slot into it), so a decode step of bucket ``B >= n`` works on the plain prefix views
 ``[:B]`` of every table: no gather, and padded rows ``n..B-1`` run on free slots, whose results
-are never read (the free slots act as the scratch rows). A step mutates the tables in place,
+are never read (the free slots act as the scratch rows). A step advances a row's counters
+(position, frame index, c0 count) by its ``live`` flag (1 for an admitted slot, 0 for a free
+one), so a free slot that is padding for many steps stays at position 0 instead of walking past
+``max_model_len`` (which indexed the RoPE table and the KV cache out of bounds). A step mutates the tables in place,
 so a captured graph needs no input copies: admission writes a slot's rows, replay reads them.
 All requests admitted in one scheduler round are prefilled together, right-padded to one length.
 
@@ -450,10 +453,11 @@ class NativeModel:
         self.rep = torch.ones(S1, device=dev, dtype=torch.float32)
         self.sub_temp = torch.ones(S1, device=dev, dtype=torch.float32)
         self.sub_top_k = torch.ones(S1, device=dev, dtype=torch.int64)
+        self.live = z(S1)            # 1 while the slot holds a request: the step's counter increment
         self.state = [self.h, self.c0, self.frame_idx, self.pos, self.ngen, self.presence,
                       self.trailing, self.n_trailing, self.key, self.greedy, self.sub_greedy,
                       self.suppress_eos, self.min_new, self.temp, self.top_k, self.top_p, self.rep,
-                      self.sub_temp, self.sub_top_k]
+                      self.sub_temp, self.sub_top_k, self.live]
         # step intermediates / outputs (static: graph parts communicate through them)
         self.frames = z(S, self.G)
         self.x_in = z(S, self.D, d=dt)
@@ -711,9 +715,10 @@ class NativeModel:
         self.presence[sl].scatter_(1, c0n[:, None], True)
         self.h[sl].copy_(self.h_new[sl])
         self.c0[sl].copy_(c0n)
-        self.ngen[sl].add_(1)
-        self.frame_idx[sl].add_(1)
-        self.pos[sl].add_(1)
+        live = self.live[sl]  # free (padding) rows keep their counters at 0
+        self.ngen[sl].add_(live)
+        self.frame_idx[sl].add_(live)
+        self.pos[sl].add_(live)
 
     def step(self, B: int, C: int, top_p: bool = True) -> None:
         self.part_code_predictor(B)
@@ -1009,7 +1014,7 @@ class NativeEngine:
         m.reset_rows(a, a + P)
         cols: Dict[torch.Tensor, list] = {t: [] for t in (
             m.n_trailing, m.key, m.greedy, m.sub_greedy, m.suppress_eos, m.min_new, m.temp, m.top_k,
-            m.top_p, m.rep, m.sub_temp, m.sub_top_k, m.pos)}
+            m.top_p, m.rep, m.sub_temp, m.sub_top_k, m.pos, m.live)}
         for i, r in enumerate(rs):
             req = r.req
             sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
@@ -1022,7 +1027,7 @@ class NativeEngine:
                          (m.min_new, int(req.min_new_tokens)), (m.temp, float(req.temperature)),
                          (m.top_k, min(int(req.top_k), m.K0)), (m.top_p, float(req.top_p)),
                          (m.rep, float(req.repetition_penalty)), (m.sub_temp, float(req.sub_temperature)),
-                         (m.sub_top_k, min(int(req.sub_top_k), m.KR)), (m.pos, L)):
+                         (m.sub_top_k, min(int(req.sub_top_k), m.KR)), (m.pos, L), (m.live, 1)):
                 cols[t].append(v)
             r.slot, r.pos = a + i, L
             self._active.append(r)

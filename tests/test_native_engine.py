@@ -377,3 +377,31 @@ def test_limits_refused(engine, ref, loop):
         suppress_eos=True)))
     assert got.shape == (1, 16)
     assert engine.stats()["tracked"] == 0
+
+
+def test_padding_rows_do_not_advance(tiny_checkpoint, ref, loop):
+    """With one bucket of 4, a lone request pads rows 1..3 with free slots at every step. Those
+    rows must not advance: requests one after another run far more steps in total than
+    ``max_model_len``, and a free slot whose position walked past it indexed the RoPE table and
+    the KV cache out of bounds (a device-side assert on the GPU, an IndexError here)."""
+    talker, pad = ref
+    d = talker.config.hidden_size
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(batch_buckets=(4,))))
+    try:
+        total = 0
+        for i in range(4):  # 4 x 40 steps > MAX_LEN = 96
+            pe, tr = _prompt(d, 8, 3, seed=900 + i)
+            req = TalkerRequest(request_id=f"pad{i}", prompt_embeds=pe, trailing=tr, max_frames=40,
+                                greedy=True, suppress_eos=True)
+            got = loop.run_until_complete(_collect(eng, req))
+            assert got.shape == (40, 16)
+            total += len(got)
+            assert int(eng.model.pos[1:4].abs().max()) == 0, eng.model.pos[:4]
+        assert total > MAX_LEN and eng.stats()["active"] == 0
+        # and the engine still computes exact greedy frames
+        pe, tr = _prompt(d, 8, 2, seed=99)
+        got = loop.run_until_complete(_collect(eng, TalkerRequest(
+            request_id="pad-after", prompt_embeds=pe, trailing=tr, max_frames=5, greedy=True)))
+        np.testing.assert_array_equal(got, _reference(talker, pad, pe, tr, 5))
+    finally:
+        eng.shutdown()
