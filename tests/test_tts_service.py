@@ -256,3 +256,110 @@ def test_ttfa_breakdown_hooks():
     assert 0 <= seen["first_frames"][0] <= seen["first_audio"][0]
     assert len(seen["codec_call"]) == len(codec.calls) > 1
     assert all(s >= 0 for s in seen["codec_call"])
+
+
+class StallingTalker(FakeTalker):
+    """Sends ``n_before`` frames, then never another (a talker that hangs)."""
+
+    def __init__(self, n_before):
+        super().__init__(FRAMES[:n_before], 1)
+
+    async def stream(self, rid, inputs):
+        async for f in super().stream(rid, inputs):
+            yield f
+        await asyncio.Event().wait()
+
+
+class DeadPeers:
+    """Stands in for stub_procs.StubWatch: reports one dead talker stub once ``kill()`` ran."""
+
+    def __init__(self):
+        self.dead = []
+
+    def kill(self):
+        from qwen3_tts_triton.stub_procs import Stub
+
+        self.dead = [Stub(pid=4242, model="talker", instance="talker_0_0", parent_pid=1)]
+
+    def poll(self):
+        out, self.dead = self.dead, []
+        return out
+
+
+def test_watchdog_ends_a_stalled_request_and_frees_everything():
+    """No progress for request_deadline_s: one UNAVAILABLE error naming the setting, the talker
+    request aborted, the admission slot free; a request that keeps making progress is untouched."""
+    stalled, send = StallingTalker(3), Sender()
+    svc = service(stalled, request_deadline_s=0.5)
+    healthy_talker, healthy_send = FakeTalker(FRAMES, 1, delay=0.05), Sender()  # 1.5 s, progress every 50 ms
+    healthy = service(healthy_talker, request_deadline_s=0.5)
+
+    async def run():
+        dogs = [asyncio.ensure_future(s.watchdog(0.05)) for s in (svc, healthy)]
+        await asyncio.wait_for(asyncio.gather(svc.handle({"text": b("hello")}, send),
+                                              healthy.handle({"text": b("hello")}, healthy_send)), 10)
+        for d in dogs:
+            d.cancel()
+
+    asyncio.run(run())
+    assert send.finals == 1 and send.items[-1][0] == "error"
+    err = send.items[-1][1]
+    assert error_code_name(err) == "UNAVAILABLE" and "request_deadline_s" in str(err)
+    assert len(stalled.aborted) == 1
+    assert svc.admission.in_flight == 0 and svc.live == {}
+    assert healthy_send.finals == 1 and healthy_send.items[-1][0] == "audio"
+    assert healthy_talker.aborted == []
+
+
+def test_watchdog_fails_every_request_when_a_peer_dies():
+    """A dead peer process: every request in flight gets UNAVAILABLE within a watchdog pass (no
+    talker abort is attempted: it would never be answered), and later requests are refused."""
+    peers = DeadPeers()
+    talkers = [StallingTalker(2) for _ in range(3)]
+    cfg = TtsModelConfig(checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8,
+                         left_context_frames=5, request_deadline_s=600)
+    model = Qwen3TTSConfig.from_dict(presets.main_config("tiny"))
+
+    class Talkers:  # one service, a talker per request
+        def __init__(self):
+            self.i = 0
+
+        def stream(self, rid, inputs):
+            self.i += 1
+            return talkers[self.i - 1].stream(rid, inputs)
+
+        async def abort(self, rid):
+            raise AssertionError("no abort once the talker died")
+
+    svc = TtsService(cfg, model, Talkers(), FakeCodec(), peers=peers)
+    sends = [Sender() for _ in range(3)]
+
+    async def run():
+        dog = asyncio.ensure_future(svc.watchdog(0.05))
+        tasks = [asyncio.ensure_future(svc.handle({"text": b("hello")}, s)) for s in sends]
+        await asyncio.sleep(0.2)  # all three streaming, then stalled
+        assert len(svc.live) == 3
+        peers.kill()
+        await asyncio.wait_for(asyncio.gather(*tasks), 2)
+        late = Sender()
+        await svc.handle({"text": b("hello")}, late)
+        dog.cancel()
+        return late
+
+    late = asyncio.run(run())
+    for s in sends + [late]:
+        assert s.finals == 1 and s.items[-1][0] == "error"
+        assert error_code_name(s.items[-1][1]) == "UNAVAILABLE" and "talker_0_0" in str(s.items[-1][1])
+    assert svc.admission.in_flight == 0 and svc.live == {}
+
+
+def test_watchdog_calls_on_idle_once_after_requests_end():
+    calls = []
+    svc = service(FakeTalker(FRAMES, 4))
+    svc.on_idle = lambda: calls.append(1)
+    svc.check()
+    assert calls == []  # nothing ended yet
+    asyncio.run(svc.handle({"text": b("hello")}, Sender()))
+    svc.check()
+    svc.check()
+    assert calls == [1]

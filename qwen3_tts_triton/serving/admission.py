@@ -15,8 +15,10 @@ import collections
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+from .faults import Unavailable
 
-class Overloaded(RuntimeError):
+
+class Overloaded(Unavailable):
     """The server is at its admission limit and the wait queue is full."""
 
 

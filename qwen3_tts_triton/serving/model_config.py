@@ -233,7 +233,10 @@ class TtsModelConfig:
     default_top_k: int = 50
     default_max_frames: int = 2048
     max_frames_limit: int = 4096
+    # The talker's max_model_len must hold max_frames_limit frames after the longest prompt these
+    # allow (serving/repository.py talker_context sizes it; the builder fails when it cannot).
     max_text_chars: int = 2000
+    max_instruct_chars: int = 1000
     ref_min_seconds: float = 1.0
     ref_max_seconds: float = 30.0
     first_chunk_frames: int = 2
@@ -243,6 +246,9 @@ class TtsModelConfig:
     codec_frame_buckets: tuple = ()
     max_in_flight: int = 64
     max_queued: int = 64
+    # A request that makes no progress (no talker frames, no audio) for this long fails with
+    # UNAVAILABLE and frees its talker request, codec state and admission slot.
+    request_deadline_s: float = 60.0
     # Base voice cloning: reference voices kept by voice_id (LRU; 0 = no cache) and where the
     # speaker and codec encoders run (Base checkpoints only).
     voice_cache_size: int = 256
@@ -258,6 +264,9 @@ class TtsModelConfig:
         if self.default_task_type:
             _choice("default_task_type", self.default_task_type, TASK_TYPES)
         _choice("default_sample_format", self.default_sample_format, SAMPLE_FORMATS)
+        if not 0.5 <= self.request_deadline_s <= 3600:
+            raise ModelConfigError(f"parameter 'request_deadline_s' must be in [0.5, 3600] seconds, "
+                                   f"got {self.request_deadline_s}")
         _choice("codec_mode", self.codec_mode, ("windowed", "stateful"))
         _choice("codec_state", self.codec_state, STATE_RESIDENCY)
         if self.codec_state == "resident" and self.codec_zero_state_start:
@@ -281,6 +290,7 @@ class TtsModelConfig:
             default_max_frames=self.default_max_frames,
             max_frames_limit=self.max_frames_limit,
             max_text_chars=self.max_text_chars,
+            max_instruct_chars=self.max_instruct_chars,
             ref_min_seconds=self.ref_min_seconds,
             ref_max_seconds=self.ref_max_seconds,
         )

@@ -4,6 +4,13 @@ The Triton adapter supplies a :class:`TalkerClient` and a :class:`CodecClient` (
 ``send`` callable; tests can supply in-process fakes. Contract per request: exactly one final
 response (audio or error), the talker request is aborted on cancel or error, and the admission
 slot is always released.
+
+Nothing waits for ever: a watchdog (:meth:`TtsService.watchdog`, one task on the service's loop)
+ends a request that made no progress (no talker frames, no audio sent) for
+``request_deadline_s`` with UNAVAILABLE, and when a peer model's process dies (``talker``, the
+codec: ``stub_procs.StubWatch``) it ends every request in flight at once and refuses new ones,
+since nothing inside a dead stub will ever answer. Clean-up calls (talker abort, codec state
+release) are bounded by ``CLEANUP_TIMEOUT_S``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import numpy as np
 from ..config import Qwen3TTSConfig
 from ..streaming import ChunkScheduler, ScheduleConfig
 from .admission import Admission, Overloaded
+from .faults import PeerDied, Stalled
 from .model_config import TtsModelConfig
 from .pipeline import Cancelled, stream_audio, to_sample_format
 from .request import RequestError, TtsRequest, parse_tts_request
@@ -29,6 +37,16 @@ from .voice import Encode, ResolvedVoice, VoiceCache, resolve_voice
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24000
+CLEANUP_TIMEOUT_S = 5.0  # a talker abort or codec release that takes longer is abandoned
+
+
+@dataclass
+class _Live:
+    """A request in flight, as the watchdog sees it."""
+
+    task: "asyncio.Task"
+    touched: float  # clock of the last progress (admission, talker frames, codec audio)
+    failure: Optional[BaseException] = None  # set by the watchdog just before it cancels ``task``
 
 
 class TalkerClient(Protocol):
@@ -89,6 +107,7 @@ class Metrics:
     voice_cache_miss: Callable[[], None] = lambda: None
     voice_cache_evicted: Callable[[int], None] = lambda n: None
     voice_cache_size: Callable[[int], None] = lambda n: None
+    failed: Callable[[str], None] = lambda reason: None  # the watchdog ended a request ("stalled" | "peer_died")
 
 
 def check_prompt(config: Qwen3TTSConfig, req: TtsRequest) -> None:
@@ -144,10 +163,15 @@ class TtsService:
     def __init__(self, cfg: TtsModelConfig, model_config: Qwen3TTSConfig,
                  talker: TalkerClient, codec: CodecClient, metrics: Optional[Metrics] = None,
                  prompt_check: Optional[Callable[[Qwen3TTSConfig, TtsRequest], None]] = check_prompt,
-                 encode: Optional[Encode] = None):
+                 encode: Optional[Encode] = None, peers=None, clock: Callable[[], float] = time.monotonic,
+                 on_idle: Optional[Callable[[], Any]] = None):
         """``encode(audio, sample_rate, need_codes)`` runs the reference encoders (Base
         checkpoints; ``encoders.ReferenceEncoders.encode_async``); results are cached by
-        ``voice_id`` in a ``cfg.voice_cache_size`` LRU."""
+        ``voice_id`` in a ``cfg.voice_cache_size`` LRU. ``peers``: an object whose ``poll()``
+        returns the peer stub processes that died since the last call
+        (``stub_procs.StubWatch``); None = not watched. ``clock``: the watchdog's clock.
+        ``on_idle``: called by the watchdog once no request is in flight after some ended (the
+        adapter collects garbage then, when a pause stalls no stream)."""
         self.cfg = cfg
         self.model_config = model_config
         self.limits = cfg.limits(model_config.task_type)
@@ -167,6 +191,12 @@ class TtsService:
                                  on_miss=lambda: m.voice_cache_miss(),
                                  on_evict=lambda n: m.voice_cache_evicted(n),
                                  on_size=lambda n: m.voice_cache_size(n))
+        self.peers = peers
+        self.clock = clock
+        self.live: Dict[str, _Live] = {}
+        self.broken: Optional[PeerDied] = None  # set once a peer process has died
+        self.on_idle = on_idle
+        self._ended_since_idle = False
 
     def parse(self, inputs: Mapping[str, Any]) -> TtsRequest:
         req = parse_tts_request(inputs, self.limits)
@@ -181,6 +211,9 @@ class TtsService:
                      cancelled: Callable[[], bool] = lambda: False) -> None:
         """Serve one request end to end. Never raises; always sends exactly one final response."""
         t0 = time.monotonic()
+        if self.broken is not None:
+            send.error(self.broken)
+            return
         try:
             req = self.parse(inputs)
         except ValueError as e:  # RequestError or the prompt builder's PromptError
@@ -199,19 +232,44 @@ class TtsService:
             self.metrics.in_flight(self.admission.in_flight)
 
         send = _FreeSlotBeforeFinal(send, free_slot)
+        if self.broken is not None:  # a peer died while this request was queued
+            send.error(self.broken)
+            return
         rid = f"tts-{uuid.uuid4().hex[:16]}"
+        live = _Live(asyncio.current_task(), self.clock())
+        self.live[rid] = live
+        try:
+            await self._serve(req, send, cancelled, rid, live, t0)
+        finally:
+            self.live.pop(rid, None)
+            self._ended_since_idle = True
+            send.free()  # no-op when a FINAL already freed it
+
+    async def _serve(self, req: TtsRequest, send: "_FreeSlotBeforeFinal", cancelled: Callable[[], bool],
+                     rid: str, live: _Live, t0: float) -> None:
         finished = False
         session = None
         voice: Optional[ResolvedVoice] = None
+
+        def touch():
+            live.touched = self.clock()
+
         if req.task_type == "Base":
             try:
                 voice = await self._resolve_voice(req)
                 req = voice.apply(req)
+            except asyncio.CancelledError:
+                if live.failure is None:
+                    raise
+                _uncancel()
+                send.error(live.failure)
+                return
             except Exception as e:  # noqa: BLE001 - RequestError (INVALID_ARG) or an encoder failure
                 if not isinstance(e, RequestError):
                     log.exception("reference encoding of %s failed", rid)
                 send.error(e)  # frees the slot first
                 return
+            touch()
         try:
             session = open_session(self.codec)
             if getattr(session, "stateful", False):
@@ -222,9 +280,9 @@ class TtsService:
                 if getattr(session, "stateful", False):
                     await self._prime(session, prefix)
                     prefix = None
-            frames = self.talker.stream(rid, talker_inputs(
+            frames = _touching(self.talker.stream(rid, talker_inputs(
                 req, None if voice is None else voice.speaker_embedding,
-                None if voice is None else voice.ref_codes, schedule_sizes(self.schedule)))
+                None if voice is None else voice.ref_codes, schedule_sizes(self.schedule))), touch)
             scheduler = ChunkScheduler(self.schedule)
             collected = []
             first = True
@@ -232,9 +290,11 @@ class TtsService:
             async def decode(codes, left_context, _decode=session.decode):
                 t = time.monotonic()
                 try:
-                    return await _decode(codes, left_context)
+                    out = await _decode(codes, left_context)
                 finally:
                     self.metrics.codec_call(time.monotonic() - t)
+                touch()
+                return out
 
             async for chunk in stream_audio(
                     frames, decode, scheduler, cancelled, prefix=prefix,
@@ -254,6 +314,15 @@ class TtsService:
                 finished = finished or chunk.final
             self.metrics.frames(n_frames)
             self.metrics.audio_seconds(n_frames * 1920 / SAMPLE_RATE)
+        except asyncio.CancelledError:
+            if live.failure is None:  # not the watchdog: the loop itself is going away
+                raise
+            _uncancel()  # handled: later awaits (abort, release) run normally
+            if not finished:  # the client first: the clean-up below may wait on a stuck peer
+                send.error(live.failure)
+            finished = True
+            if not isinstance(live.failure, PeerDied):
+                await self._abort(rid)
         except Cancelled:
             self.metrics.aborted()
             await self._abort(rid)
@@ -276,14 +345,13 @@ class TtsService:
                 try:
                     aclose = getattr(session, "aclose", None)
                     if aclose is not None:  # e.g. a resident-state codec: release its copy of the state
-                        await aclose()
+                        await asyncio.wait_for(aclose(), CLEANUP_TIMEOUT_S)
                     else:
                         session.close()
-                except Exception:  # noqa: BLE001
+                except (Exception, asyncio.TimeoutError):  # noqa: BLE001
                     log.exception("closing the codec session of %s failed", rid)
                 if getattr(session, "stateful", False):
                     self.codec_states.add(-1)
-            send.free()  # no-op when a FINAL already freed it
 
     async def _resolve_voice(self, req: TtsRequest) -> ResolvedVoice:
         if self.encode is None:
@@ -297,7 +365,71 @@ class TtsService:
             await session.decode(prefix[i:i + step], 0)
 
     async def _abort(self, rid: str) -> None:
+        if self.broken is not None:  # the talker may be the process that died: nothing would answer
+            return
         try:
-            await self.talker.abort(rid)
-        except Exception:  # noqa: BLE001
+            await asyncio.wait_for(self.talker.abort(rid), CLEANUP_TIMEOUT_S)
+        except (Exception, asyncio.TimeoutError):  # noqa: BLE001
             log.exception("abort of talker request %s failed", rid)
+
+    # -- watchdog --------------------------------------------------------------------------------
+    def check(self) -> None:
+        """One watchdog pass: notice dead peers, then end every request that must end (all of
+        them once a peer died; those without progress for ``request_deadline_s`` otherwise)."""
+        if self.peers is not None and self.broken is None:
+            dead = self.peers.poll()
+            if dead:
+                what = "; ".join(f"the {s.model} model's process (instance {s.instance}, pid {s.pid}) died"
+                                 for s in dead)
+                self.broken = PeerDied(f"{what}: this server cannot serve until it is restarted")
+                log.error("%s", self.broken)
+        if not self.live and self._ended_since_idle and self.on_idle is not None:
+            self._ended_since_idle = False
+            self.on_idle()
+        now = self.clock()
+        deadline = self.cfg.request_deadline_s
+        for live in list(self.live.values()):
+            if live.failure is not None or live.task.done():
+                continue
+            if self.broken is not None:
+                live.failure = self.broken
+                self.metrics.failed("peer_died")
+            elif now - live.touched > deadline:
+                live.failure = Stalled(f"request_deadline_s: no progress for {now - live.touched:.1f} s "
+                                       f"(limit {deadline:g} s); the request was stopped")
+                self.metrics.failed("stalled")
+            else:
+                continue
+            live.task.cancel()
+
+    async def watchdog(self, interval: Optional[float] = None) -> None:
+        """Run :meth:`check` every ``interval`` seconds (default: a quarter of the deadline, at
+        most 1 s) until cancelled. The adapter starts it on the service's loop."""
+        interval = interval or min(1.0, self.cfg.request_deadline_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.check()
+            except Exception:  # noqa: BLE001 - the watchdog must outlive any one failure
+                log.exception("tts watchdog pass failed")
+
+
+def _uncancel() -> None:
+    """Clear the current task's pending-cancel count (Python 3.11+) after a watchdog cancel has
+    been handled, so the timeouts of the clean-up awaits behave as in a task never cancelled."""
+    uncancel = getattr(asyncio.current_task(), "uncancel", None)
+    if uncancel is not None:
+        uncancel()
+
+
+async def _touching(frames: AsyncIterator[np.ndarray], touch: Callable[[], None]) -> AsyncIterator[np.ndarray]:
+    """``frames``, calling ``touch()`` as each item arrives (talker progress); closes ``frames``
+    when the consumer stops early."""
+    try:
+        async for item in frames:
+            touch()
+            yield item
+    finally:
+        aclose = getattr(frames, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -1,0 +1,114 @@
+"""Find the Python-backend stub processes of a Triton server and tell when one has died.
+
+Triton's Python backend runs each model instance in a ``triton_python_backend_stub`` process,
+a child of ``tritonserver``, started as
+``STUB MODEL_DIR/VERSION/model.py SHM_REGION SHM_SIZE SHM_GROWTH PARENT_PID PYTHON_LIB IPC_HANDLE
+INSTANCE_NAME RUNTIME_MODELDIR`` (``python_backend/src/stub_launcher.cc``,
+https://github.com/triton-inference-server/python_backend). Triton 2.51 does not restart a stub of
+a decoupled model that died: it stays a zombie, every request already inside it waits for ever,
+new ones fail with "Stub process '...' is not healthy", and the server still reports ready. So the
+``tts`` model watches its peers (``talker``, the codec) and the launcher watches every stub of its
+server, both through this module (Linux ``/proc``; elsewhere nothing is found and nothing is
+reported dead).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional
+
+STUB_NAME = "triton_python_backend_stub"
+
+
+@dataclass(frozen=True)
+class Stub:
+    pid: int
+    model: str  # the model's folder name in the repository
+    instance: str  # Triton's instance name, e.g. talker_0_0
+    parent_pid: int
+
+
+def _read(path: str) -> Optional[bytes]:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def parse_stub_cmdline(pid: int, cmdline: bytes) -> Optional[Stub]:
+    """A :class:`Stub` from ``/proc/PID/cmdline`` (NUL-separated), or None for another process."""
+    argv = [a.decode("utf-8", "replace") for a in cmdline.split(b"\0") if a]
+    if len(argv) < 9 or os.path.basename(argv[0]) != STUB_NAME:
+        return None
+    parts = argv[1].replace("\\", "/").split("/")  # .../MODEL/VERSION/model.py
+    if len(parts) < 3:
+        return None
+    if argv[8] == parts[-3]:
+        # Triton names the short-lived stub that auto-completes a model's config after the model
+        # (instances are MODEL_GROUP_INDEX): it exits by design, so it is not watched
+        return None
+    try:
+        parent = int(argv[5])
+    except ValueError:
+        parent = -1
+    return Stub(pid=pid, model=parts[-3], instance=argv[8], parent_pid=parent)
+
+
+def is_alive(pid: int, proc: str = "/proc") -> bool:
+    """True while ``pid`` exists and is not a zombie (a dead stub its parent has not reaped)."""
+    stat = _read(f"{proc}/{pid}/stat")
+    if stat is None:
+        return False
+    # the state follows the parenthesised command name, which may itself hold spaces or ')'
+    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X")
+
+
+def find_stubs(parent_pid: Optional[int] = None, models: Optional[Iterable[str]] = None,
+               proc: str = "/proc") -> List[Stub]:
+    """Live stub processes, optionally only those of the server ``parent_pid`` and of ``models``."""
+    wanted = None if models is None else set(models)
+    out = []
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        raw = _read(f"{proc}/{name}/cmdline")
+        stub = parse_stub_cmdline(int(name), raw) if raw else None
+        if stub is None:
+            continue
+        if parent_pid is not None and stub.parent_pid != parent_pid:
+            continue
+        if wanted is not None and stub.model not in wanted:
+            continue
+        if is_alive(stub.pid, proc):
+            out.append(stub)
+    return sorted(out, key=lambda s: (s.instance, s.pid))
+
+
+class StubWatch:
+    """Remembers every stub it has seen alive and reports the ones that have died since.
+
+    ``poll()`` looks again: new stubs are added (models load in any order), and each stub seen
+    before that is no longer alive is returned once. ``find`` and ``alive`` are injectable for
+    tests."""
+
+    def __init__(self, parent_pid: Optional[int], models: Optional[Iterable[str]] = None,
+                 find=find_stubs, alive=is_alive):
+        self.parent_pid = parent_pid
+        self.models = None if models is None else tuple(models)
+        self._find, self._alive = find, alive
+        self.seen: Dict[int, Stub] = {}
+
+    def poll(self) -> List[Stub]:
+        dead = [s for pid, s in self.seen.items() if not self._alive(pid)]
+        for s in dead:
+            del self.seen[s.pid]
+        for s in self._find(self.parent_pid, self.models):
+            self.seen.setdefault(s.pid, s)
+        return dead

@@ -1,0 +1,58 @@
+"""stub_procs: parsing a Python-backend stub's command line, liveness, and StubWatch's report of
+stubs that died (with injected process lists; the real /proc is read for the current process)."""
+
+import os
+
+from qwen3_tts_triton.stub_procs import Stub, StubWatch, find_stubs, is_alive, parse_stub_cmdline
+
+
+def _cmdline(model="talker", instance="talker_0_0", parent=123):
+    argv = ["/opt/tritonserver/backends/python/triton_python_backend_stub", f"/repo/{model}/1/model.py",
+            "triton_python_backend_shm_region_x", "1048576", "1048576", str(parent), "/opt/py",
+            "12345", instance, "/repo/backends/python"]
+    return "\0".join(argv).encode() + b"\0"
+
+
+def test_parse_stub_cmdline():
+    s = parse_stub_cmdline(77, _cmdline())
+    assert s == Stub(pid=77, model="talker", instance="talker_0_0", parent_pid=123)
+    assert parse_stub_cmdline(1, b"python3\0-m\0pytest\0") is None
+    assert parse_stub_cmdline(1, _cmdline()[:40]) is None
+    # the config auto-complete stub is named after the model, not an instance: never watched
+    assert parse_stub_cmdline(1, _cmdline(instance="talker")) is None
+
+
+def test_is_alive_reads_proc():
+    assert is_alive(os.getpid())
+    assert not is_alive(2 ** 22 + 12345)  # beyond pid_max: never a process
+
+
+def test_find_stubs_in_a_fake_proc(tmp_path):
+    procs = {10: ("talker", "talker_0_0", 5, "S"), 11: ("tts", "tts_0_0", 5, "S"),
+             12: ("talker", "talker_0_0", 6, "S"), 13: ("talker", "talker_1_0", 5, "Z")}
+    for pid, (model, inst, parent, state) in procs.items():
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "cmdline").write_bytes(_cmdline(model, inst, parent))
+        (d / "stat").write_text(f"{pid} (triton_python_b) {state} {parent} 1 1")
+    (tmp_path / "self").mkdir()
+    # 11: another model; 12: another server's; 13: a zombie (died, not reaped)
+    assert find_stubs(5, ["talker"], proc=str(tmp_path)) == [Stub(10, "talker", "talker_0_0", 5)]
+    assert [s.pid for s in find_stubs(None, None, proc=str(tmp_path))] == [10, 12, 11]
+
+
+def test_stub_watch_reports_each_death_once():
+    alive = {1: True, 2: True}
+    stubs = [Stub(1, "talker", "talker_0_0", 9), Stub(2, "codec_decoder", "codec_decoder_0_0", 9)]
+
+    def find(parent, models):
+        return [s for s in stubs if alive[s.pid] and (models is None or s.model in models)]
+
+    w = StubWatch(9, ["talker", "codec_decoder"], find=find, alive=lambda pid: alive[pid])
+    assert w.poll() == [] and set(w.seen) == {1, 2}
+    alive[1] = False
+    assert [s.instance for s in w.poll()] == ["talker_0_0"]
+    assert w.poll() == []  # once
+    stubs.append(Stub(3, "talker", "talker_0_0", 9))  # restarted: watched from now on
+    alive[3] = True
+    assert w.poll() == [] and set(w.seen) == {2, 3}
