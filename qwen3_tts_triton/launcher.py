@@ -14,8 +14,15 @@ Process hygiene (runbook C3): the server is started in its own process group (``
 127.0.0.1 unless told otherwise, stopped with SIGTERM then SIGKILL on the whole group, and the
 Python backend's shared-memory files that a killed stub leaves behind are removed.
 
+Supervision: Triton 2.51 does not restart a Python-backend stub of a decoupled model that died
+(``stub_procs``); the server would keep reporting ready while every request to that model fails.
+While it runs, the launcher watches every stub of its server and, when one dies, waits
+``RESTART_GRACE_S`` (the ``tts`` model fails its requests in flight meanwhile), stops the server
+and starts it again (``--max-restarts``, default 5; ``--max-restarts 0`` exits with status 3
+instead, for an orchestrator that restarts containers). Readiness is false while it restarts.
+
 Usage: ``python -m qwen3_tts_triton.launcher --model-repository DIR [--http-port 8000 ...]``
-(blocks until ready, then until interrupted). ``scripts/serve.sh`` wraps it.
+(blocks until ready, then until interrupted).
 """
 
 from __future__ import annotations
@@ -33,8 +40,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from .stub_procs import StubWatch
+
 IMAGE_SERVER = "/opt/tritonserver/bin/tritonserver"
 IMAGE_BACKENDS = "/opt/tritonserver/backends"
+RESTART_GRACE_S = 2.0  # after a stub died: time for the tts model to fail its requests in flight
+EXIT_STUB_DIED = 3
 
 
 class LaunchError(RuntimeError):
@@ -181,7 +192,7 @@ class TritonServer:
         except OSError:
             return "(no log)"
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def stop(self, timeout: float = 8.0) -> None:
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -271,6 +282,11 @@ def main(argv=None) -> int:
     p.add_argument("--log", default="tritonserver.log")
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--server", choices=["auto", "image", "wheel"], default="auto")
+    p.add_argument("--max-restarts", type=int, default=5,
+                   help="restart the server this many times when one of its model processes dies "
+                        "(0: exit with status 3 instead; default 5)")
+    p.add_argument("--stop-timeout", type=float, default=8.0,
+                   help="seconds a stopping server gets before it is killed (default 8)")
     p.add_argument("extra", nargs="*", help="extra tritonserver arguments (after --)")
     a = p.parse_args(argv)
     cmd = server_command(a.model_repository, a.http_port, a.grpc_port, a.metrics_port, a.address,
@@ -284,14 +300,40 @@ def main(argv=None) -> int:
 
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
+    restarts = 0
     try:
-        server.wait_ready(a.ready_timeout)
-        print(f"ready: grpc {server.grpc_url}, http {server.http_url}, metrics :{a.metrics_port}", flush=True)
-        while not stop["flag"] and server.proc.poll() is None:
-            time.sleep(0.5)
+        while True:
+            server.wait_ready(a.ready_timeout)
+            print(f"ready: grpc {server.grpc_url}, http {server.http_url}, metrics :{a.metrics_port}", flush=True)
+            dead = supervise(server, stop)
+            if not dead:
+                break
+            names = ", ".join(f"{s.instance} (pid {s.pid})" for s in dead)
+            if restarts >= a.max_restarts:
+                print(f"error: model process {names} died; not restarting (--max-restarts {a.max_restarts})",
+                      file=sys.stderr, flush=True)
+                return EXIT_STUB_DIED
+            restarts += 1
+            print(f"model process {names} died: restarting the server ({restarts}/{a.max_restarts})",
+                  file=sys.stderr, flush=True)
+            time.sleep(RESTART_GRACE_S)
+            server.stop(a.stop_timeout)
+            server.start()
     finally:
-        server.stop()
+        server.stop(a.stop_timeout)
     return 0 if stop["flag"] else (server.proc.returncode or 1)
+
+
+def supervise(server: "TritonServer", stop: dict, interval: float = 0.5) -> list:
+    """Block while the server runs and ``stop["flag"]`` is unset; returns the stubs that died
+    (empty when the server exited or a stop was asked for)."""
+    watch = StubWatch(server.proc.pid)
+    while not stop["flag"] and server.proc.poll() is None:
+        dead = watch.poll()
+        if dead:
+            return dead
+        time.sleep(interval)
+    return []
 
 
 if __name__ == "__main__":
