@@ -15,6 +15,7 @@ import faulthandler  # noqa: E402
 faulthandler.enable()
 
 import asyncio  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
@@ -24,6 +25,7 @@ import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from qwen3_tts_triton import profiling  # noqa: E402
+from qwen3_tts_triton.stub_procs import StubWatch  # noqa: E402
 from qwen3_tts_triton.config import Qwen3TTSConfig  # noqa: E402
 from qwen3_tts_triton.serving.model_config import TtsModelConfig, parameters_from_model_config  # noqa: E402
 from qwen3_tts_triton.serving.pipeline import trim_window  # noqa: E402
@@ -63,10 +65,11 @@ class _TalkerBLS:
             if resp is None:
                 return
             if resp.has_error():
-                err = resp.error()
-                if err.code() == pb_utils.TritonError.INVALID_ARG:
-                    raise RequestError("text", err.message())
-                raise RuntimeError(f"talker: {err.message()}")
+                # the talker's own code and field ("[INVALID_ARG] max_frames: ..." reaches the
+                # client as that, once): serving/errors.py parses the message back
+                from qwen3_tts_triton.serving.errors import downstream_error
+
+                raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
             out = pb_utils.get_output_tensor_by_name(resp, "codes")
             if out is not None:
                 # Copy: the array must not depend on the lifetime of the BLS response's buffer
@@ -101,7 +104,9 @@ class _CodecBLS:
                                         inputs=[pb_utils.Tensor("audio_codes", window)])
         resp = await req.async_exec()
         if resp.has_error():
-            raise RuntimeError(f"codec_decoder: {resp.error().message()}")
+            from qwen3_tts_triton.serving.errors import downstream_error
+
+            raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
         audio = np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])  # own the samples
         return trim_window(audio, left_context, num_frames=n_new)
 
@@ -154,7 +159,9 @@ class _StatefulCodecBLS:
                                         inputs=inputs)
         resp = await req.async_exec()
         if resp.has_error():
-            raise RuntimeError(f"{self.model_name}: {resp.error().message()}")
+            from qwen3_tts_triton.serving.errors import downstream_error
+
+            raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
         audio = np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])
         new = {s.name: _keep(pb_utils.get_output_tensor_by_name(resp, s.output_name)) for s in self.specs}
         return audio, new
@@ -178,10 +185,10 @@ class _ResidentCodecBLS:
         req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=outputs, inputs=inputs)
         resp = await req.async_exec()
         if resp.has_error():
-            err = resp.error()
-            if err.code() == pb_utils.TritonError.UNAVAILABLE:  # every codec state slot taken: retryable
-                raise Overloaded(f"{self.model_name}: {err.message()}")
-            raise RuntimeError(f"{self.model_name}: {err.message()}")
+            # its own code: UNAVAILABLE (every codec state slot taken) stays retryable
+            from qwen3_tts_triton.serving.errors import downstream_error
+
+            raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
         return resp
 
     async def step(self, codes, stream_id, start):
@@ -198,20 +205,41 @@ class _ResidentCodecBLS:
 
 
 class _Sender:
+    """One request's response sender and cancel probe. After the FINAL response it lets go of
+    the request and its sender at once: a reference cycle through an exception's traceback can
+    keep this object alive until the next garbage collection, and while the stub still holds a
+    request or its response sender, Triton counts the model as live and a server shutdown waits
+    its full exit timeout for it."""
+
     def __init__(self, request):
+        self.request = request
         self.sender = request.get_response_sender()
-        self.sr = np.array([SAMPLE_RATE], np.int32)
+
+    def cancelled(self):
+        return self.request is None or self.request.is_cancelled()
 
     def audio(self, samples, final):
-        resp = pb_utils.InferenceResponse([pb_utils.Tensor("audio", samples), pb_utils.Tensor("sample_rate", self.sr)])
-        self.sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+        resp = pb_utils.InferenceResponse([pb_utils.Tensor("audio", samples), pb_utils.Tensor("sample_rate", _SR)])
+        self._send(resp, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
     def error(self, err):
         name = error_code_name(err)
         # gRPC/HTTP streaming carry only the message, so it starts with the code name too.
         msg = f"[{name}] {err}"
-        self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, getattr(pb_utils.TritonError, name))),
-                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self._send(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, getattr(pb_utils.TritonError, name))),
+                   pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _send(self, resp, flags):
+        if self.sender is None:
+            raise RuntimeError("response after the final one")
+        try:
+            self.sender.send(resp, flags=flags)
+        finally:
+            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self.sender = self.request = None
+
+
+_SR = np.array([SAMPLE_RATE], np.int32)
 
 
 def _log_failure(fut):
@@ -243,12 +271,19 @@ class TritonPythonModel:
             self.encoders = ReferenceEncoders(self.cfg.checkpoint, self.cfg.encoder_device,
                                               on_run=lambda name: runs[f"enc_{name}"].increment(1))
         self.talker = _TalkerBLS(self.cfg.talker_model, self.cfg.max_in_flight + self.cfg.max_queued)
+        # the talker's and codec's stub processes: siblings of this one (children of tritonserver)
+        peers = StubWatch(os.getppid(), (self.cfg.talker_model, self.cfg.codec_model))
         self.service = TtsService(self.cfg, ckpt, self.talker, codec, self.metrics,
-                                  encode=None if self.encoders is None else self.encoders.encode_async)
+                                  encode=None if self.encoders is None else self.encoders.encode_async,
+                                  peers=peers, on_idle=gc.collect)
+        # on_idle: a request object or response sender kept alive by a reference cycle keeps the
+        # model "live" for Triton (a shutdown then waits its whole exit timeout); a collection
+        # when no stream is running frees them without pausing any stream.
         # The service runs on its own event loop thread, so execute() returns at once (decoupled).
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
         self.thread.start()
+        self._watchdog = asyncio.run_coroutine_threadsafe(self.service.watchdog(), self.loop)
 
     def _init_metrics(self):
         # Families must outlive their metrics (the stub refuses updates otherwise): keep both.
@@ -281,12 +316,19 @@ class TritonPythonModel:
                        kind=M.GAUGE),
             "enc": M(name="qwen3_tts_reference_encoder_runs_total",
                      description="Reference encoder runs (encoder=speaker|codec)", kind=M.COUNTER),
+            "failed": M(name="qwen3_tts_requests_failed_total",
+                        description="Requests the watchdog ended (reason=stalled: no progress for "
+                                    "request_deadline_s; reason=peer_died: the talker or codec process died)",
+                        kind=M.COUNTER),
         }
         f = self._families
         self._metrics = {k: (f[k].Metric(labels=labels, buckets=[0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
-                             if k in ("ttfa", "ttff") else f[k].Metric(labels=labels)) for k in f if k != "enc"}
+                             if k in ("ttfa", "ttff") else f[k].Metric(labels=labels))
+                         for k in f if k not in ("enc", "failed")}
         for name in ("speaker", "codec"):
             self._metrics[f"enc_{name}"] = f["enc"].Metric(labels={**labels, "encoder": name})
+        for reason in ("stalled", "peer_died"):
+            self._metrics[f"failed_{reason}"] = f["failed"].Metric(labels={**labels, "reason": reason})
         m = self._metrics
         # codec_call goes to the profiler only: a metric update per chunk is one more IPC per chunk
         self.metrics = Metrics(first_audio=m["ttfa"].observe, first_frames=m["ttff"].observe,
@@ -299,7 +341,8 @@ class TritonPythonModel:
                                voice_cache_hit=lambda: m["vhit"].increment(1),
                                voice_cache_miss=lambda: m["vmiss"].increment(1),
                                voice_cache_evicted=m["vevict"].increment,
-                               voice_cache_size=m["vsize"].set)
+                               voice_cache_size=m["vsize"].set,
+                               failed=lambda reason: m[f"failed_{reason}"].increment(1))
 
     def execute(self, requests):
         for request in requests:
@@ -307,18 +350,36 @@ class TritonPythonModel:
             for name in TTS_INPUTS:
                 t = pb_utils.get_input_tensor_by_name(request, name)
                 if t is not None:
-                    inputs[name] = t.as_numpy()
-            fut = asyncio.run_coroutine_threadsafe(
-                self.service.handle(inputs, _Sender(request), request.is_cancelled), self.loop)
+                    inputs[name] = np.array(t.as_numpy())  # owned: nothing pins the request's buffers
+            send = _Sender(request)
+            fut = asyncio.run_coroutine_threadsafe(self.service.handle(inputs, send, send.cancelled), self.loop)
             fut.add_done_callback(_log_failure)
         return None
 
     def finalize(self):
+        # Every object that wraps a stub handle (senders, BLS requests and iterators, metrics)
+        # must be gone before the stub tears itself down: one left for the interpreter's exit
+        # garbage collection segfaulted the stub at every shutdown. So: cancel what still runs on
+        # the loop, stop it, drop the service and collect now.
+        async def drain():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.loop.shutdown_asyncgens()
+            await self.loop.shutdown_default_executor()
+
+        try:
+            asyncio.run_coroutine_threadsafe(drain(), self.loop).result(timeout=5)
+        except Exception as e:  # noqa: BLE001 - shut down regardless
+            pb_utils.Logger.log_warn(f"tts: draining the event loop at unload: {e!r}")
         self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
+        self.thread.join(timeout=5)
         self.talker.pool.shutdown(wait=False, cancel_futures=True)
         if self.encoders is not None:
             self.encoders.close()
+        self.service = self.talker = self.metrics = self._watchdog = None
         self._metrics.clear()  # metrics before their families
         self._families.clear()
+        gc.collect()
         profiling.stop()
