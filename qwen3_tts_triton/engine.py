@@ -39,7 +39,15 @@ SUPPRESS_START = 2048
 
 
 class EngineError(ValueError):
-    """A request or a config the engine refuses before anything is scheduled."""
+    """A request or a config the engine refuses before anything is scheduled.
+
+    ``field``: the talker input the refusal is about (``max_frames``, ``text``, ``top_k``, ...),
+    so the serving layer reports it as that input's INVALID_ARG without reading the message;
+    None for refusals that are no input's fault (engine not started, a duplicate request id)."""
+
+    def __init__(self, message: str = "", field: Optional[str] = None):
+        super().__init__(message)
+        self.field = field
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -102,26 +110,28 @@ def check_prompt_frames_trailing(req: "TalkerRequest", hidden: int, max_model_le
 
     pe = torch.as_tensor(req.prompt_embeds)
     if pe.dim() != 2 or pe.shape[1] != hidden:
-        raise EngineError(f"prompt_embeds must be [L, {hidden}], got {tuple(pe.shape)}")
+        raise EngineError(f"prompt_embeds must be [L, {hidden}], got {tuple(pe.shape)}", field="text")
     L = int(pe.shape[0])
     if L < 1:
-        raise EngineError("prompt_embeds is empty")
+        raise EngineError("prompt_embeds is empty", field="text")
     if L > max_model_len - 2:
         raise EngineError(f"prompt of {L} rows is too long: max_model_len={max_model_len} "
-                          f"allows at most {max_model_len - 2} prompt rows (+1 frame)")
+                          f"allows at most {max_model_len - 2} prompt rows (+1 frame)", field="text")
     limit = max_model_len - L - 1
     if not isinstance(req.max_frames, int) or isinstance(req.max_frames, bool) or req.max_frames < 1:
-        raise EngineError(f"max_frames must be a positive int, got {req.max_frames!r}")
+        raise EngineError(f"max_frames must be a positive int, got {req.max_frames!r}", field="max_frames")
     if req.max_frames > limit:
         raise EngineError(f"max_frames={req.max_frames} exceeds max_model_len - prompt_len - 1 "
-                          f"= {limit} for a prompt of {L} rows (max_model_len={max_model_len})")
+                          f"= {limit} for a prompt of {L} rows (max_model_len={max_model_len})",
+                          field="max_frames")
     tr = torch.as_tensor(req.trailing if req.trailing is not None else torch.zeros(0, hidden))
     if tr.dim() != 2 or tr.shape[1] != hidden:
-        raise EngineError(f"trailing must be [N, {hidden}], got {tuple(tr.shape)}")
+        raise EngineError(f"trailing must be [N, {hidden}], got {tuple(tr.shape)}", field="text")
     if tr.shape[0] > max_trailing_tokens:
-        raise EngineError(f"trailing text of {tr.shape[0]} rows > max_trailing_tokens={max_trailing_tokens}")
+        raise EngineError(f"trailing text of {tr.shape[0]} rows > max_trailing_tokens={max_trailing_tokens}",
+                          field="text")
     if not (req.greedy or (req.temperature > 0 and math.isfinite(req.temperature))):
-        raise EngineError("temperature must be > 0 unless greedy")
+        raise EngineError("temperature must be > 0 unless greedy", field="temperature")
     return pe, tr
 
 

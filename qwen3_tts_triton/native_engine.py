@@ -896,20 +896,22 @@ class NativeEngine:
         pe, tr = check_prompt_frames_trailing(req, self.model.D, c.max_model_len, c.max_trailing_tokens)
         sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
         if not (sub_greedy or (req.sub_temperature > 0 and math.isfinite(req.sub_temperature))):
-            raise EngineError("sub_temperature must be > 0 unless sub_greedy")
+            raise EngineError("sub_temperature must be > 0 unless sub_greedy", field="temperature")
         for name, v, vocab in (("top_k", req.top_k, self.model.V), ("sub_top_k", req.sub_top_k, self.model.cpV)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise EngineError(f"{name} must be an int >= 1, got {v!r}")
+                raise EngineError(f"{name} must be an int >= 1, got {v!r}", field="top_k")
             if v > c.max_top_k and c.max_top_k < vocab:
-                raise EngineError(f"{name}={v} > max_top_k={c.max_top_k} (NativeEngineConfig)")
+                raise EngineError(f"{name}={v} > max_top_k={c.max_top_k} (NativeEngineConfig)", field="top_k")
         if not (0 < req.top_p <= 1):
-            raise EngineError(f"top_p must be in (0, 1], got {req.top_p!r}")
+            raise EngineError(f"top_p must be in (0, 1], got {req.top_p!r}", field="top_p")
         if not (req.repetition_penalty > 0 and math.isfinite(req.repetition_penalty)):
-            raise EngineError(f"repetition_penalty must be > 0, got {req.repetition_penalty!r}")
+            raise EngineError(f"repetition_penalty must be > 0, got {req.repetition_penalty!r}",
+                              field="repetition_penalty")
         if not isinstance(req.min_new_tokens, int) or req.min_new_tokens < 0:
-            raise EngineError(f"min_new_tokens must be an int >= 0, got {req.min_new_tokens!r}")
+            raise EngineError(f"min_new_tokens must be an int >= 0, got {req.min_new_tokens!r}",
+                              field="min_new_tokens")
         if req.seed is not None and (not isinstance(req.seed, int) or isinstance(req.seed, bool)):
-            raise EngineError(f"seed must be an int or None, got {req.seed!r}")
+            raise EngineError(f"seed must be an int or None, got {req.seed!r}", field="seed")
         return pe, tr
 
     async def synthesize(self, req: TalkerRequest) -> AsyncIterator[np.ndarray]:

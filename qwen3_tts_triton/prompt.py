@@ -44,6 +44,8 @@ __all__ = [
     "build_layout",
     "embed_prompt",
     "default_non_streaming",
+    "max_prompt_rows",
+    "MAX_TOKENS_PER_CHAR",
 ]
 
 TASK_TYPES: Tuple[str, ...] = tuple(MODEL_TYPE_TO_TASK.values())  # CustomVoice, VoiceDesign, Base
@@ -378,6 +380,62 @@ def build_layout(config: Qwen3TTSConfig, req: PromptRequest, text_ids: Sequence[
         non_streaming=nsm,
         icl=icl,
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Size bound (serving: the talker's context must hold the longest prompt a request can make)
+# --------------------------------------------------------------------------------------------
+
+# The Qwen2 tokenizer is byte-level BPE: every token stands for at least one UTF-8 byte of the
+# string it was cut from (an added token such as <|im_end|> for ten or more), and a character
+# (code point) is at most 4 UTF-8 bytes. So a string of n characters tokenizes to at most 4n ids,
+# whatever the text (emoji and CJK extension characters come close; English is ~0.25 ids per
+# character). This is the bound the serving limits are sized with: it holds for any tokenizer
+# that emits at least one byte per token, not just for the texts we tried.
+MAX_TOKENS_PER_CHAR = 4
+
+
+def max_prompt_rows(config: Qwen3TTSConfig, max_text_chars: int, max_instruct_chars: int = 0,
+                    max_ref_text_chars: int = 0, max_ref_frames: int = 0,
+                    non_streaming: Optional[bool] = None) -> int:
+    """The most prompt rows (talker positions before the first frame) :func:`build_layout` can
+    produce for a request of this checkpoint's task type whose strings are at most these lengths
+    in characters (``len(str)``), with at most ``max_ref_frames`` reference frames (ICL).
+
+    Row by row, as :func:`build_layout` builds them (``T`` = :data:`MAX_TOKENS_PER_CHAR`):
+
+    * instruction block (VoiceDesign; CustomVoice except 0.6B, which drops it): the ids of
+      ``<|im_start|>user\\n{instruct}<|im_end|>\\n``: 2 added tokens + at most one id per byte of
+      ``user\\n``, of the instruction and of ``\\n``: ``T * instruct + 8``;
+    * role 3, codec tags 4 (a language or dialect tag; "auto" has 3), the speaker slot
+      (CustomVoice speaker / Base x-vector) 1, the ``codec_pad`` + ``tts_bos`` row 1;
+    * tail, non-streaming: the text body (``ids[3:-5]`` decode to exactly the text: at most one
+      id per byte, ``T * text``) + EOS row + ``codec_bos`` row; streaming: 1 row (the rest of the
+      text rides on the decode steps as trailing rows, which take no position of their own);
+    * ICL (Base with ``ref_text`` and reference codes): streaming ``1 + R`` rows, non-streaming
+      the reference body, the text body and EOS (``T * (ref_text + text) + 1``) + ``1 + R``.
+
+    ``non_streaming`` None is the task's default (the talker model always uses it).
+    """
+    for name, v in (("max_text_chars", max_text_chars), ("max_instruct_chars", max_instruct_chars),
+                    ("max_ref_text_chars", max_ref_text_chars), ("max_ref_frames", max_ref_frames)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"{name} must be an int >= 0, got {v!r}")
+    task = config.task_type
+    nsm = default_non_streaming(task) if non_streaming is None else bool(non_streaming)
+    T = MAX_TOKENS_PER_CHAR
+    text = T * max_text_chars
+    rows = 3 + 4 + 1  # role, codec tags (4-tag form), codec_pad/tts_bos
+    if task in ("CustomVoice", "Base"):
+        rows += 1  # CustomVoice speaker slot / Base x-vector slot
+    if task == "VoiceDesign" or (task == "CustomVoice" and config.tts_model_size != "0b6"):
+        rows += T * max_instruct_chars + 8
+    plain = text + 2 if nsm else 1  # no ICL reference
+    if task != "Base":
+        return rows + plain
+    n_z = 1 + max_ref_frames
+    icl = T * (max_ref_text_chars + max_text_chars) + 1 + n_z if nsm else n_z
+    return rows + max(plain, icl)
 
 
 def build_prompt(config: Qwen3TTSConfig, tokenizer, req: PromptRequest) -> PromptLayout:

@@ -11,6 +11,7 @@ unfilled.
 
 import argparse
 import dataclasses
+import json
 import sys
 
 from qwen3_tts_triton.serving.repository import RepositoryError, RepositorySettings, build_repository
@@ -36,6 +37,17 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"model repository written to {path}")
+    with open(f"{path}/build.json") as f:
+        ctx = json.load(f)["talker_context"]
+    s = RepositorySettings(**a)
+    print(f"talker max_model_len {ctx['max_model_len']}: max_frames_limit {s.max_frames_limit} frames after a "
+          f"prompt of up to {ctx['max_prompt_rows']} rows (max_text_chars {s.max_text_chars}, max_instruct_chars "
+          f"{s.max_instruct_chars}, at most 4 tokens per character) + 1")
+    if ctx.get("warning"):
+        print(f"warning: {ctx['warning']}", file=sys.stderr)
+    if s.engine == "native":
+        print(f"native engine KV cache: {ctx['native_kv_cache_bytes'] / 2**30:.1f} GiB "
+              f"({s.max_num_seqs} + 1 slots x {ctx['max_model_len']} positions)")
     return 0
 
 

@@ -37,8 +37,8 @@ if [[ " $STAGES " == *" model "* ]]; then
 fi
 if [[ " $STAGES " == *" service "* ]]; then
   python scripts/build_model_repository.py --checkpoint "$CKPT" --out /tmp/repo --engine native --device gpu \
-    --codec-backend python --codec-dtype bfloat16 --max-num-seqs 64 --max-model-len 1024 \
-    --default-max-frames "$FRAMES" --max-frames-limit 1000 --max-in-flight 64 --max-queued 64 \
+    --codec-backend python --codec-dtype bfloat16 --max-num-seqs 64 --max-text-chars 300 --max-instruct-chars 20 \
+    --default-max-frames "$FRAMES" --max-frames-limit 500 --max-in-flight 64 --max-queued 64 \
     --codec-frame-buckets "2,4,8,16,32,64,97" ${REPO_ARGS:-}
   if [ "${PROFILE:-0}" = 1 ]; then export QWEN3_TTS_PROFILE_DIR="$OUT/profiles_$TAG"; fi
   setsid tritonserver --model-repository=/tmp/repo --backend-directory=$TRITON_HOME/triton/backends \

@@ -28,8 +28,8 @@ stubs() { ps -eo pid,stat,args | awk '/[t]riton_python_backend_stub/ {print $1, 
 
 start_server() {
   python scripts/build_model_repository.py --checkpoint "$CKPT" --out "$W/repo" --engine native --device gpu \
-    --codec-backend python --codec-dtype bfloat16 --max-num-seqs 64 --max-model-len 1024 \
-    --default-max-frames 200 --max-frames-limit 1000 --max-in-flight 64 --max-queued 64 \
+    --codec-backend python --codec-dtype bfloat16 --max-num-seqs 64 --max-text-chars 300 --max-instruct-chars 20 \
+    --default-max-frames 200 --max-frames-limit 500 --max-in-flight 64 --max-queued 64 \
     --codec-frame-buckets "2,4,8,16,32,64,97" $REPO_ARGS > "$W/build.log" 2>&1 || { cat "$W/build.log"; exit 1; }
   ulimit -c unlimited
   echo '/tmp/core.%e.%p' > /proc/sys/kernel/core_pattern 2>/dev/null || echo "core_pattern not writable"
@@ -50,7 +50,7 @@ collect() {  # $1: tag
   echo "ready: $(curl -s -o /dev/null -w '%{http_code}' localhost:18000/v2/health/ready)"
   curl -s localhost:18002/metrics | grep -E "^qwen3_tts_(requests|codec|talker)" > "$W/metrics.txt"; grep -E "in_flight|resident|refused|cancelled" "$W/metrics.txt"
   local t0=$SECONDS; pkill -TERM -f "tritonserver --model-repository=$W/repo"
-  while pgrep -f "tritonserver --model-repository=$W/repo" > /dev/null && [ $((SECONDS - t0)) -lt 60 ]; do sleep 0.5; done
+  while pgrep -f "tritonserver --model-repository=$W/repo" > /dev/null && [ $((SECONDS - t0)) -lt 40 ]; do sleep 0.5; done
   echo "shutdown took $((SECONDS - t0)) s"; pkill -KILL -f triton_python_backend_stub; pkill -KILL tritonserver
   grep -nE "Segmentation|Fatal Python|core dumped|not healthy|Traceback" "$W/server.log" | head -20
   for c in /tmp/core.*; do

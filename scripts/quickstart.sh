@@ -126,8 +126,11 @@ EOF
 fi
 
 log "model repository: $work/repo (checkpoint $ckpt)"
+# CPU: small limits, so the talker context they need (max_model_len, sized from them) stays small
+# and fits the tiny checkpoint's 4096 positions: 1024 frames after up to 500 + 200 characters
 "$py" "$root/scripts/build_model_repository.py" --checkpoint "$ckpt" --out "$work/repo" \
-  --codec-backend python --device cpu --max-num-seqs 8 --kv-cache-memory-bytes 67108864 --enforce-eager true
+  --codec-backend python --device cpu --max-num-seqs 8 --kv-cache-memory-bytes 67108864 --enforce-eager true \
+  --max-frames-limit 1024 --default-max-frames 1024 --max-text-chars 500 --max-instruct-chars 200
 
 # free ports (the CI machine is shared)
 read -r http grpc metrics < <("$py" -c "

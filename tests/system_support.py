@@ -24,10 +24,12 @@ def start_tts_server(checkpoint, work, **settings):
     from qwen3_tts_triton import launcher
     from qwen3_tts_triton.serving.repository import RepositorySettings, build_repository
 
+    # small limits: the talker context sized from them (max_model_len 0 = from the limits) fits the
+    # tiny checkpoint's 4096 positions (vLLM refuses more): 400 frames after 500 + 200 characters
     kw = dict(checkpoint=str(checkpoint), codec_backend="python", device="cpu", max_num_seqs=8,
-              kv_cache_memory_bytes=64 * 2**20, enforce_eager=True, max_model_len=1024,
-              default_max_frames=40, max_frames_limit=400, codec_queue_delay_us=5000,
-              codec_max_batch_size=8)
+              kv_cache_memory_bytes=64 * 2**20, enforce_eager=True, max_model_len=0,
+              default_max_frames=40, max_frames_limit=400, max_text_chars=500, max_instruct_chars=200,
+              codec_queue_delay_us=5000, codec_max_batch_size=8)
     kw.update(settings)
     repo = build_repository(RepositorySettings(**kw), str(work / "repo"))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")

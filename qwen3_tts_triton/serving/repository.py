@@ -9,6 +9,7 @@ same typed configs the models use at load time).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -36,7 +37,9 @@ class RepositorySettings:
     # talker engine
     talker_dtype: str = ""  # default: bfloat16 on gpu, float32 on cpu
     max_num_seqs: int = 64
-    max_model_len: int = 4096
+    # talker context (prompt + frames) per request; 0: sized from the tts limits below so that every
+    # request they allow fits (talker_context). An explicit value smaller than that fails the build.
+    max_model_len: int = 0
     kv_cache_memory_bytes: int = 0
     gpu_memory_utilization: float = 0.5
     enforce_eager: bool = False
@@ -70,12 +73,15 @@ class RepositorySettings:
     default_speaker: str = ""
     default_max_frames: int = 2048
     max_frames_limit: int = 4096
+    max_text_chars: int = 2000  # text and ref_text, in characters
+    max_instruct_chars: int = 1000
     first_chunk_frames: int = 2
     chunk_ramp: str = "4,8,16"
     chunk_frames: int = 25
     left_context_frames: int = 72
     max_in_flight: int = 64  # per tts instance
     max_queued: int = 64  # per tts instance
+    request_deadline_s: float = 60.0  # a tts request without progress this long fails (UNAVAILABLE)
     # tts stub processes: each drives its streams' chunk loops and BLS calls on its own core (Triton
     # spreads requests over them); admission limits and the voice cache are per instance
     tts_instances: int = 1
@@ -116,8 +122,89 @@ class RepositorySettings:
                 raise RepositoryError(f"codec_stateful_backend tensorrt needs --stateful-plan, the stateful codec's "
                                       f"TensorRT plan (export/build_trt_engine.py --stateful); got "
                                       f"{self.stateful_plan or 'none'!r}" + (" (no such file)" if self.stateful_plan else ""))
+        for name in ("max_frames_limit", "max_text_chars", "max_instruct_chars"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise RepositoryError(f"{name} must be an int >= 1, got {v!r}")
+        if not 1 <= self.default_max_frames <= self.max_frames_limit:
+            raise RepositoryError(f"default_max_frames must be in [1, max_frames_limit={self.max_frames_limit}], "
+                                  f"got {self.default_max_frames}")
+        if not isinstance(self.max_model_len, int) or self.max_model_len < 0:
+            raise RepositoryError(f"max_model_len must be an int >= 0 (0: sized from the limits), "
+                                  f"got {self.max_model_len!r}")
         if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
             raise RepositoryError(f"{self.checkpoint} is not a checkpoint directory (no config.json)")
+
+
+# TalkerModelConfig's range for max_model_len
+MAX_MODEL_LEN_LIMIT = 32768
+
+
+@dataclass(frozen=True)
+class TalkerContext:
+    """The talker context a repository needs (see :func:`talker_context`)."""
+
+    max_model_len: int  # what the talker gets
+    required: int  # max_frames_limit + max_prompt_rows + 1
+    max_prompt_rows: int
+    max_ref_frames: int
+    warning: str = ""  # the talker will not load as built (vLLM: beyond max_position_embeddings)
+
+
+def max_ref_frames(ref_max_seconds: float) -> int:
+    """Reference codes of the longest reference audio: ``ceil(samples / 1920)`` at 24 kHz, +1 for
+    the resampler's rounding (codec_encoder.encode_reference)."""
+    return math.ceil(ref_max_seconds * 24000 / 1920) + 1
+
+
+def talker_context(s: RepositorySettings, cfg: Qwen3TTSConfig) -> TalkerContext:
+    """Size the talker's ``max_model_len`` so that every request the tts limits allow is served.
+
+    A request needs ``prompt rows + max_frames + 1`` positions (engine.check_prompt_frames_trailing).
+    The longest prompt follows from the prompt layout and the tokenizer's worst case, at most 4
+    tokens per character (prompt.max_prompt_rows: byte-level BPE, <= one token per UTF-8 byte), for
+    ``max_text_chars`` / ``max_instruct_chars`` / a ``ref_max_seconds`` reference of this checkpoint's
+    task type. So ``required = max_frames_limit + max_prompt_rows + 1``; ``max_model_len`` 0 takes
+    it. Memory: vLLM's KV cache is a pool sized by kv_cache_memory_bytes / gpu_memory_utilization,
+    of which one request may use up to max_model_len positions; the native engine reserves
+    max_model_len positions for each of its max_num_seqs slots (see kv_cache_bytes)."""
+    from ..prompt import max_prompt_rows
+    from .model_config import TtsModelConfig
+
+    ref_frames = max_ref_frames(TtsModelConfig.ref_max_seconds)
+    rows = max_prompt_rows(cfg, s.max_text_chars, s.max_instruct_chars, s.max_text_chars, ref_frames)
+    required = s.max_frames_limit + rows + 1
+    limits = (f"--max-frames-limit {s.max_frames_limit}, --max-text-chars {s.max_text_chars}, "
+              f"--max-instruct-chars {s.max_instruct_chars}")
+    why = (f"a {cfg.task_type} request may ask for {s.max_frames_limit} frames after a prompt of up to "
+           f"{rows} rows (at most 4 tokens per character), so the talker needs max_model_len >= {required}")
+    lower = "lower --max-frames-limit / --max-text-chars / --max-instruct-chars"
+    if s.max_model_len and s.max_model_len < required:
+        raise RepositoryError(f"--max-model-len {s.max_model_len} is too small for the tts limits ({limits}): "
+                              f"{why}. Raise --max-model-len to at least {required} (or leave it 0: sized "
+                              f"from the limits), or {lower}")
+    mml = s.max_model_len or required
+    if mml > MAX_MODEL_LEN_LIMIT:
+        fix = lower if required > MAX_MODEL_LEN_LIMIT else f"lower --max-model-len to {required}..{MAX_MODEL_LEN_LIMIT}"
+        raise RepositoryError(f"max_model_len {mml} is more than {MAX_MODEL_LEN_LIMIT}, the talker's largest; "
+                              f"{why} ({limits}). {fix[0].upper()}{fix[1:]}")
+    warning = ""
+    pos = cfg.talker.max_position_embeddings
+    if s.engine == "vllm" and mml > pos:
+        # not an error: a repository of a small test checkpoint may be built for other reasons
+        warning = (f"max_model_len {mml} is more than the checkpoint's max_position_embeddings {pos}: vLLM will "
+                   f"refuse to load the talker; {why} ({limits}). To serve it, {lower}")
+    return TalkerContext(mml, required, rows, ref_frames, warning)
+
+
+def kv_cache_bytes(s: RepositorySettings, cfg: Qwen3TTSConfig, max_model_len: int) -> int:
+    """Talker KV cache of the native engine: ``max_num_seqs + 1`` slots of ``max_model_len``
+    positions (native_engine.py). vLLM's pool is sized on its own (kv_cache_memory_bytes /
+    gpu_memory_utilization) and need only hold one request of ``max_model_len`` positions."""
+    t = cfg.talker
+    dtype = s.talker_dtype or ("float32" if s.device == "cpu" else "bfloat16")
+    size = 4 if dtype == "float32" else 2
+    return (s.max_num_seqs + 1) * max_model_len * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 2 * size
 
 
 def codec_state(s: RepositorySettings) -> str:
@@ -164,6 +251,7 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
     if default_speaker and default_speaker not in cfg.speakers:
         raise RepositoryError(f"default_speaker {default_speaker!r} is not a speaker of this checkpoint; "
                               f"speakers: {', '.join(cfg.speakers) or '(none)'}")
+    ctx = talker_context(s, cfg)
     cpu = s.device == "cpu"
     frame_buckets = s.codec_frame_buckets
     if not frame_buckets and s.codec_backend == "tensorrt":
@@ -172,6 +260,7 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
     values = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in asdict(s).items()}
     values.update(
         checkpoint=ckpt,
+        max_model_len=str(ctx.max_model_len),
         device="cpu" if cpu else "cuda",
         talker_dtype=s.talker_dtype or ("float32" if cpu else "bfloat16"),
         codec_instance_kind="KIND_CPU" if cpu else "KIND_GPU",
@@ -239,5 +328,7 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
     if stateful and s.codec_stateful_backend == "tensorrt":
         shutil.copy2(s.stateful_plan, os.path.join(out_dir, "codec_decoder_stateful", "1", "model.plan"))
     with open(os.path.join(out_dir, "build.json"), "w") as f:
-        json.dump({"settings": asdict(s), "checkpoint_task_type": cfg.task_type}, f, indent=2)
+        json.dump({"settings": asdict(s), "checkpoint_task_type": cfg.task_type,
+                   "talker_context": {**asdict(ctx), "native_kv_cache_bytes": kv_cache_bytes(s, cfg, ctx.max_model_len)}},
+                  f, indent=2)
     return out_dir

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..prompt import PromptError, PromptRequest
 from .coalesce import FrameCoalescer, check_response_frames
+from .errors import as_request_error
 from .request import RequestError, _scalar
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ class TalkerService:
         try:
             req = self.parse(request_id, inputs)
         except (PromptError, EngineError) as e:
-            raise RequestError(getattr(e, "field", "text"), str(e)) from None
+            raise as_request_error(e) from None  # the field it names, written once
         try:
             coalescer = FrameCoalescer(check_response_frames(inputs.get("response_frames")))
         except ValueError as e:
@@ -117,9 +118,7 @@ class TalkerService:
                     self.stats.responses += 1
                     yield tail
             except EngineError as e:  # refused before scheduling (too long, frame limit, top-k)
-                msg = str(e)
-                field = next((f for f in ("max_frames", "top_k", "temperature") if f in msg), "text")
-                raise RequestError(field, msg) from None
+                raise as_request_error(e) from None  # EngineError.field: the input refused
             done = True
         finally:
             self.live.pop(request_id, None)
