@@ -1,18 +1,26 @@
 #!/usr/bin/env python3
 """End-to-end service benchmark: sweeps a running qwen3-tts-triton server over gRPC streaming.
 
-Closed loop (``--concurrency 1 4 8``): N workers, each with its own gRPC stream
-(``qwen3_tts_triton.client.StreamingClient``), send requests back to back until
+Closed loop (``--concurrency 1 4 8``): N workers send requests back to back until
 ``--requests-per-level`` requests are done (or ``--duration`` seconds have passed).
 Open loop (``--rate 0.5 1 2``): requests arrive as a seeded Poisson process at R req/s
 (``--requests-per-level`` arrivals, or arrivals during ``--duration`` s), independent of how fast
-the server answers; they are spread over ``--streams`` gRPC streams.
+the server answers. Requests go through ``qwen3_tts_triton.client.StreamingClient``: each request
+has a gRPC stream of its own, so each error is the error of its own request, and a request the
+benchmark stops waiting for (``--timeout`` without a response) is cancelled on the server.
 
-Each level starts with ``--warmup`` requests that are not measured. Texts come from the built-in
-English + Chinese set (``benchmark/texts.py``, ``--texts en|zh|all``) or ``--dataset FILE``
-(``id<TAB>text`` lines, seed-tts format), drawn with a seeded RNG. Metrics and their definitions:
-``qwen3_tts_triton/bench_metrics.py`` (TTFA, latency, RTF = latency / audio, playback underruns;
-mean/p50/p95/p99 with numpy's linear percentile; req/s; audio-seconds per wall-second).
+Each level starts with ``--warmup`` requests that are not measured. A level (and its warm-up)
+ends by draining: after its last send it waits up to ``--drain-timeout`` s for its requests still
+in flight; the ones left then are cancelled, and the output says that the level did not drain and
+how many it cancelled (``not_drained`` in the JSON), so the next level never starts with the
+previous one's requests unnoticed.
+
+Texts come from the built-in English + Chinese set (``benchmark/texts.py``, ``--texts en|zh|all``)
+or ``--dataset FILE`` (``id<TAB>text`` lines, seed-tts format), drawn with a seeded RNG. Metrics and
+their definitions: ``qwen3_tts_triton/bench_metrics.py`` (TTFA, latency, RTF = latency / audio,
+playback underruns; mean/p50/p95/p99 with numpy's linear percentile; req/s; audio-seconds per
+wall-second). The tables show underruns as the percentage of a level's successful requests that
+had one (the JSON keeps ``underruns_total`` and ``requests_with_underrun``).
 
     python benchmark/benchmark_service.py --concurrency 1 4 8 --requests-per-level 32 --warmup 4 \
         --out-json bench.json --out-csv bench.csv --plot bench.png
@@ -33,12 +41,13 @@ import argparse
 import csv
 import json
 import os
+import queue
 import random
 import sys
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,7 +81,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=None,
                    help="seconds per level instead of a request count (closed: stop sending after it; open: arrivals within it)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests at the start of each level (default 2)")
-    p.add_argument("--streams", type=int, default=4, help="open loop: gRPC streams the arrivals are spread over")
+    p.add_argument("--streams", type=int, default=4,
+                   help="open loop: client objects the arrivals are spread over, round robin (each request "
+                        "has a gRPC stream of its own; gRPC shares one connection between them), and the "
+                        "warm-up concurrency (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of text choice and Poisson arrivals")
     p.add_argument("--texts", choices=["en", "zh", "all"], default="all", help="built-in text set")
     p.add_argument("--dataset", help="'id<TAB>text' file (seed-tts format) instead of the built-in texts")
@@ -97,7 +109,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--request-seed", type=int, default=None,
                    help="per-request sampling seed = this + request index (default: server random)")
     p.add_argument("--sample-format", choices=["float32", "int16"])
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each response")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds to wait for each response; a request without one is cancelled on the server")
+    p.add_argument("--drain-timeout", type=float, default=None,
+                   help="seconds a level waits after its last send for its requests in flight; those left "
+                        "are cancelled and reported (default: --timeout)")
     p.add_argument("--out-json", help="write config, per-level aggregates and per-request rows")
     p.add_argument("--out-csv", help="write one row per level")
     p.add_argument("--plot", help="PNG: TTFA p50/p95 and audio-seconds per second vs load level")
@@ -117,6 +133,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--requests-per-level must be >= 1 (or give --duration)")
     if a.ref_text and not a.ref_audio:
         p.error("--ref-text needs --ref-audio")
+    if a.drain_timeout is None:
+        a.drain_timeout = a.timeout
     if a.voice_cache is None:
         a.voice_cache = "both" if a.ref_audio and not a.voice_id else "off"
     if a.voice_cache != "off" and (not a.ref_audio or a.voice_id):
@@ -163,10 +181,52 @@ class TextPicker:
         return uid, text, (self.language or lang)
 
 
+class InFlight:
+    """The requests of one level that were sent and have not finished, with the client each went
+    through. :meth:`cancel_all` (the drain's bound passed) cancels them, and cancels at once any
+    request of the level sent after it; ``cancelled`` counts both."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._live: Dict[str, object] = {}  # request id -> client
+        self._closed = False
+        self.cancelled = 0
+
+    def add(self, client, rid: str) -> None:
+        with self._lock:
+            if not self._closed:
+                self._live[rid] = client
+                return
+            self.cancelled += 1
+        _cancel(client, rid)
+
+    def done(self, rid: str) -> None:
+        with self._lock:
+            self._live.pop(rid, None)
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            self._closed = True
+            left = list(self._live.items())
+            self._live.clear()
+            self.cancelled += len(left)
+        for rid, client in left:
+            _cancel(client, rid)
+
+
+def _cancel(client, rid: str) -> None:
+    """Cancel ``rid`` on the server (``StreamingClient.cancel``: its receive() then raises at once)."""
+    cancel = getattr(client, "cancel", None)  # test doubles may have none
+    if cancel is not None:
+        cancel(rid)
+
+
 def _one_request(client, t0: float, picker: TextPicker, base_kw: Dict[str, object], index: int,
                  a: argparse.Namespace, scheduled: Optional[float] = None,
-                 sent: Optional[Callable[[], None]] = None) -> bm.RequestRecord:
-    """Send one request on ``client`` and wait for it; never raises (errors become a record)."""
+                 sent: Optional[Callable[[], None]] = None, inflight: Optional[InFlight] = None) -> bm.RequestRecord:
+    """Send one request on ``client`` and wait for it; never raises (errors become a record).
+    The client attributes each error to its own request; a request without a response for
+    ``--timeout`` s is cancelled on the server by ``receive`` (record code TIMEOUT)."""
     from qwen3_tts_triton.client import TtsError, build_inputs
 
     uid, text, lang = picker.pick()
@@ -180,21 +240,29 @@ def _one_request(client, t0: float, picker: TextPicker, base_kw: Dict[str, objec
     t_send = time.perf_counter()
     try:
         rid = client.send(build_inputs(**kw))
-    except Exception as e:  # connection refused, bad input type...
+    except Exception as e:  # an input the client cannot send (connection failures come from receive)
         return bm.RequestRecord(t_send=t_send - t0, ok=False, error=str(e), error_code=getattr(e, "code", None) or "SEND",
                                 text_id=uid, scheduled=scheduled)
     finally:
         if sent is not None:
             sent()
+    if inflight is not None:
+        inflight.add(client, rid)
     try:
         res = client.receive(rid, t_send, a.timeout)
-    except TtsError as e:
+    except TtsError as e:  # the server's error for this request, its stream failed, or the drain cancelled it
         return bm.RequestRecord(t_send=t_send - t0, ok=False, latency=time.perf_counter() - t_send, error=str(e),
                                 error_code=e.code or "ERROR", text_id=uid, scheduled=scheduled)
-    except Exception as e:  # queue.Empty on timeout, stream broken
-        code = "TIMEOUT" if type(e).__name__ == "Empty" else type(e).__name__
-        return bm.RequestRecord(t_send=t_send - t0, ok=False, error=str(e) or code, error_code=code,
-                                text_id=uid, scheduled=scheduled)
+    except queue.Empty:
+        return bm.RequestRecord(t_send=t_send - t0, ok=False,
+                                error=f"no response within {a.timeout:g} s (cancelled on the server)",
+                                error_code="TIMEOUT", text_id=uid, scheduled=scheduled)
+    except Exception as e:
+        return bm.RequestRecord(t_send=t_send - t0, ok=False, error=str(e) or type(e).__name__,
+                                error_code=type(e).__name__, text_id=uid, scheduled=scheduled)
+    finally:
+        if inflight is not None:
+            inflight.done(rid)
     return bm.RequestRecord(t_send=t_send - t0, ok=True, latency=res.total, ttfa=res.ttfa,
                             chunks=[(float(t), int(n)) for t, n in res.chunks], sample_rate=int(res.sample_rate),
                             text_id=uid, scheduled=scheduled)
@@ -217,23 +285,27 @@ def _progress(total: Optional[int], desc: str, disable: bool):
 
 def run_closed(level: int, a: argparse.Namespace, picker: TextPicker, base_kw: Dict[str, object],
                client_factory: Callable[[], object], count: Optional[int], duration: Optional[float],
-               desc: str) -> Tuple[List[bm.RequestRecord], float]:
-    """``level`` workers, one stream each, back to back. Returns (records, wall seconds)."""
+               desc: str) -> Tuple[List[bm.RequestRecord], float, int]:
+    """``level`` workers, one client each, back to back. Returns (records, wall seconds, requests
+    cancelled because they had not finished ``--drain-timeout`` s after the last send)."""
     clients = [client_factory() for _ in range(level)]
     records: List[bm.RequestRecord] = []
     lock = threading.Lock()
     state = {"next": 0}
+    sending_over = threading.Event()
+    inflight = InFlight()
     bar = _progress(count, desc, a.no_progress)
     t0 = time.perf_counter()
     deadline = (t0 + duration) if duration is not None else None
 
     def take() -> Optional[int]:
         with lock:
-            if count is not None and state["next"] >= count:
-                return None
-            if deadline is not None and time.perf_counter() >= deadline:
+            if ((count is not None and state["next"] >= count)
+                    or (deadline is not None and time.perf_counter() >= deadline)):
                 return None
             state["next"] += 1
+            if count is not None and state["next"] >= count:
+                sending_over.set()  # the level's last request was handed out
             return state["next"] - 1
 
     def worker(k):
@@ -241,36 +313,40 @@ def run_closed(level: int, a: argparse.Namespace, picker: TextPicker, base_kw: D
             i = take()
             if i is None:
                 return
-            r = _one_request(clients[k], t0, picker, base_kw, i, a)
+            r = _one_request(clients[k], t0, picker, base_kw, i, a, inflight=inflight)
             with lock:
                 records.append(r)
             bar.update(1)
-            if r.error_code == "SEND":  # the stream broke: open a new one for the next request
-                try:
-                    clients[k].close()
-                except Exception:
-                    pass
-                try:
-                    clients[k] = client_factory()
-                except Exception:
-                    pass
 
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(len(clients))]
     try:
-        threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(len(clients))]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        # the sending phase: until the last request is handed out, or --duration passes
+        while not sending_over.wait(0.1) and any(t.is_alive() for t in threads):
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+        _drain(threads, inflight, a.drain_timeout)
     finally:
         bar.close()
         for c in clients:
-            try:
-                c.close()
-            except Exception:
-                pass
+            c.close()
     for r in records:
         r.level = level
-    return records, bm.wall_seconds(records)
+    return records, bm.wall_seconds(records), inflight.cancelled
+
+
+def _drain(threads: Sequence[threading.Thread], inflight: InFlight, timeout: float) -> None:
+    """The level sent its last request: wait up to ``timeout`` s for the ``threads`` that wait
+    for its requests, then cancel the requests still in flight and wait for the threads to record
+    them (a cancelled request's receive returns at once)."""
+    end = time.perf_counter() + timeout
+    for t in threads:
+        t.join(max(0.0, end - time.perf_counter()))
+    if any(t.is_alive() for t in threads):
+        inflight.cancel_all()
+    for t in threads:
+        t.join()
 
 
 def poisson_arrivals(rate: float, seed: int, count: Optional[int], duration: Optional[float]) -> List[float]:
@@ -292,11 +368,12 @@ def poisson_arrivals(rate: float, seed: int, count: Optional[int], duration: Opt
 
 def run_open(rate: float, a: argparse.Namespace, picker: TextPicker, base_kw: Dict[str, object],
              client_factory: Callable[[], object], arrivals: Sequence[float],
-             desc: str) -> Tuple[List[bm.RequestRecord], float]:
-    """Send at the planned arrival times regardless of outstanding requests."""
+             desc: str) -> Tuple[List[bm.RequestRecord], float, int]:
+    """Send at the planned arrival times regardless of outstanding requests. Returns as
+    :func:`run_closed`."""
     clients = [client_factory() for _ in range(max(1, a.streams))]
     records: List[bm.RequestRecord] = []
-    lock = threading.Lock()
+    inflight = InFlight()
     bar = _progress(len(arrivals), desc, a.no_progress)
     pool = ThreadPoolExecutor(max_workers=max(8, min(512, len(arrivals))))
     t0 = time.perf_counter()
@@ -308,24 +385,24 @@ def run_open(rate: float, a: argparse.Namespace, picker: TextPicker, base_kw: Di
                 time.sleep(delay)
             sent = threading.Event()
             futures.append(pool.submit(_one_request, clients[i % len(clients)], t0, picker, base_kw, i, a,
-                                       at, sent.set))
+                                       at, sent.set, inflight))
             sent.wait(timeout=5.0)  # keep the send itself on schedule order
+        # the last arrival is sent: drain (a request queued behind busy pool threads is sent
+        # later; after cancel_all it is cancelled as soon as it is sent)
+        _, pending = wait(futures, timeout=a.drain_timeout)
+        if pending:
+            inflight.cancel_all()
         for f in futures:
-            r = f.result()
-            with lock:
-                records.append(r)
+            records.append(f.result())
             bar.update(1)
     finally:
         pool.shutdown(wait=True)
         bar.close()
         for c in clients:
-            try:
-                c.close()
-            except Exception:
-                pass
+            c.close()
     for r in records:
         r.level = rate
-    return records, bm.wall_seconds(records)
+    return records, bm.wall_seconds(records), inflight.cancelled
 
 
 def _ms(v) -> str:
@@ -340,7 +417,12 @@ TABLE_HEAD = ("{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8}
               .format("level", "ok", "fail", "req/s", "audio/s", "ttfa", "ttfa", "ttfa", "ttfa",
                       "lat p50", "lat p95", "rtf", "underrun"))
 TABLE_HEAD2 = ("{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}"
-               .format("", "", "", "", "", "mean", "p50", "p95", "p99", "ms", "ms", "p50", "n/reqs"))
+               .format("", "", "", "", "", "mean", "p50", "p95", "p99", "ms", "ms", "p50", "% ok"))
+
+
+def underrun_pct(agg: Dict[str, object]) -> Optional[float]:
+    """Percentage of the level's successful requests that had at least one playback underrun."""
+    return 100.0 * agg["requests_with_underrun"] / agg["ok"] if agg["ok"] else None
 
 
 def table_row(agg: Dict[str, object]) -> str:
@@ -350,19 +432,22 @@ def table_row(agg: Dict[str, object]) -> str:
     return ("{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}".format(
         lvl_s, agg["ok"], agg["failures"], _f(agg["req_per_s"]), _f(agg["audio_s_per_s"]),
         _ms(t["mean"]), _ms(t["p50"]), _ms(t["p95"]), _ms(t["p99"]), _ms(lat["p50"]), _ms(lat["p95"]),
-        _f(rtf["p50"], "{:.3f}"), f"{agg['underruns_total']}/{agg['requests_with_underrun']}"))
+        _f(rtf["p50"], "{:.3f}"), _f(underrun_pct(agg), "{:.1f}%")))
 
 
 def print_table(aggs: Sequence[Dict[str, object]], mode: str, file=sys.stdout) -> None:
     unit = "concurrency" if mode == "closed" else "rate req/s"
     print(f"\n{mode} loop; level = {unit}; ttfa/latency in ms; percentiles: numpy linear; "
-          "underrun = underruns/requests with one", file=file)
+          "underrun = % of the successful requests with a playback underrun", file=file)
     print(TABLE_HEAD, file=file)
     print(TABLE_HEAD2, file=file)
     for agg in aggs:
         print(table_row(agg), file=file)
         if agg["failure_codes"]:
             print(f"{'':>7} failures: {agg['failure_codes']}", file=file)
+        if agg.get("not_drained"):
+            print(f"{'':>7} did NOT drain: {agg['not_drained']} request(s) still in flight at the end of the "
+                  f"drain wait were cancelled", file=file)
 
 
 def write_plot(aggs: Sequence[Dict[str, object]], mode: str, path: str) -> None:
@@ -489,17 +574,24 @@ def _sweep(a: argparse.Namespace, client_factory: Callable[[], object], base_kw:
         picker = TextPicker(texts, a.seed * 1000 + li, a.language)
         if a.warmup > 0:
             wl = int(level) if mode == "closed" else max(1, min(a.streams, a.warmup))
-            run_closed(max(1, min(wl, a.warmup)), a, picker, base_kw, client_factory, a.warmup, None,
-                       f"warmup {level:g}")
+            _, _, left = run_closed(max(1, min(wl, a.warmup)), a, picker, base_kw, client_factory, a.warmup, None,
+                                    f"warmup {level:g}")
+            if left:
+                print(f"level {level:g}: the warm-up did NOT drain: {left} request(s) still in flight "
+                      f"{a.drain_timeout:g} s after its last send were cancelled", file=out)
         if mode == "closed":
             count = None if a.duration is not None else a.requests_per_level
-            recs, wall = run_closed(int(level), a, picker, base_kw, client_factory, count, a.duration,
-                                    f"concurrency {level:g}")
+            recs, wall, left = run_closed(int(level), a, picker, base_kw, client_factory, count, a.duration,
+                                          f"concurrency {level:g}")
         else:
             count = None if a.duration is not None else a.requests_per_level
             arrivals = poisson_arrivals(float(level), a.seed * 1000 + li, count, a.duration)
-            recs, wall = run_open(float(level), a, picker, base_kw, client_factory, arrivals, f"rate {level:g}")
+            recs, wall, left = run_open(float(level), a, picker, base_kw, client_factory, arrivals,
+                                        f"rate {level:g}")
         agg = bm.aggregate(recs, wall, level=level, mode=mode)
+        # requests cancelled because they were still in flight --drain-timeout s after the last
+        # send (print_table says so under the level's row)
+        agg["not_drained"] = left
         aggs.append(agg)
         rows += [bm.record_row(r) for r in sorted(recs, key=lambda r: r.t_send)]
         if len(levels) > 1:
