@@ -117,7 +117,7 @@ def test_concurrent_streams_are_correct_and_batch_in_the_codec(server, reference
 BAD = [
     (dict(text=""), "text"),
     (dict(text="   "), "text"),
-    (dict(text="x" * 2001), "text"),
+    (dict(text="x" * 501), "text"),  # max_text_chars 500 (system_support)
     (dict(text="hi", speaker="bob"), "speaker"),
     (dict(text="hi", language="klingon"), "language"),
     (dict(text="hi", task_type="Cloning"), "task_type"),
@@ -302,3 +302,49 @@ def test_stub_profiles_and_ttfa_breakdown(server):
     talker = load("talker")
     assert talker is not None and "talker-loop" in talker["threads"]
     assert load("codec_decoder") is not None
+
+
+def test_errors_are_attributed_to_their_own_request(server):
+    """One client, a good and a bad request in flight together: the server's error (which
+    tritonclient hands over without the request id) fails the bad request only."""
+    from qwen3_tts_triton.client import TtsError, build_inputs
+
+    with client(server) as c:
+        t0 = time.perf_counter()
+        good = c.send(build_inputs(text="the good one", max_frames=6))
+        bad = c.send(build_inputs(text="hi", speaker="bob"))
+        with pytest.raises(TtsError) as e:
+            c.receive(bad, t0, timeout=60)
+        assert e.value.code == "INVALID_ARG" and "speaker" in str(e.value), str(e.value)
+        assert c.receive(good, t0, timeout=60).audio.size == 6 * SPF, server_state(server)
+
+
+def run_client_cli(*args):
+    """``python -m qwen3_tts_triton.client ARGS`` as a user runs it."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "qwen3_tts_triton.client", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_client_cli_prints_a_server_error_on_one_line(server, tmp_path):
+    for transport in (["--url", server.grpc_url], ["--http", "--url", server.http_url]):
+        r = run_client_cli(*transport, "--text", "Hi", "--speaker", "bob", "--out", str(tmp_path / "o.wav"))
+        assert r.returncode != 0, (transport, r.stdout, r.stderr)
+        assert len(r.stderr.splitlines()) == 1, (transport, r.stderr)
+        assert r.stderr.startswith("error: ") and "[INVALID_ARG] speaker" in r.stderr, (transport, r.stderr)
+    assert_ready(server)
+
+
+def test_client_cli_without_a_server_prints_one_line(tmp_path):
+    """Nothing listens at the port: one clean line every time (tritonclient reports this through
+    two racing paths)."""
+    from system_support import free_ports
+
+    port, = free_ports(1)
+    for _ in range(4):
+        r = run_client_cli("--url", f"127.0.0.1:{port}", "--text", "Hi", "--out", str(tmp_path / "o.wav"))
+        assert r.returncode != 0 and r.stdout == "", (r.stdout, r.stderr)
+        assert len(r.stderr.splitlines()) == 1, r.stderr
+        assert r.stderr.startswith(f"error: cannot connect to 127.0.0.1:{port}: "), r.stderr
