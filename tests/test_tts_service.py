@@ -352,14 +352,3 @@ def test_watchdog_fails_every_request_when_a_peer_dies():
         assert error_code_name(s.items[-1][1]) == "UNAVAILABLE" and "talker_0_0" in str(s.items[-1][1])
     assert svc.admission.in_flight == 0 and svc.live == {}
 
-
-def test_watchdog_calls_on_idle_once_after_requests_end():
-    calls = []
-    svc = service(FakeTalker(FRAMES, 4))
-    svc.on_idle = lambda: calls.append(1)
-    svc.check()
-    assert calls == []  # nothing ended yet
-    asyncio.run(svc.handle({"text": b("hello")}, Sender()))
-    svc.check()
-    svc.check()
-    assert calls == [1]

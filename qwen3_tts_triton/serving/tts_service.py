@@ -163,15 +163,12 @@ class TtsService:
     def __init__(self, cfg: TtsModelConfig, model_config: Qwen3TTSConfig,
                  talker: TalkerClient, codec: CodecClient, metrics: Optional[Metrics] = None,
                  prompt_check: Optional[Callable[[Qwen3TTSConfig, TtsRequest], None]] = check_prompt,
-                 encode: Optional[Encode] = None, peers=None, clock: Callable[[], float] = time.monotonic,
-                 on_idle: Optional[Callable[[], Any]] = None):
+                 encode: Optional[Encode] = None, peers=None, clock: Callable[[], float] = time.monotonic):
         """``encode(audio, sample_rate, need_codes)`` runs the reference encoders (Base
         checkpoints; ``encoders.ReferenceEncoders.encode_async``); results are cached by
         ``voice_id`` in a ``cfg.voice_cache_size`` LRU. ``peers``: an object whose ``poll()``
         returns the peer stub processes that died since the last call
-        (``stub_procs.StubWatch``); None = not watched. ``clock``: the watchdog's clock.
-        ``on_idle``: called by the watchdog once no request is in flight after some ended (the
-        adapter collects garbage then, when a pause stalls no stream)."""
+        (``stub_procs.StubWatch``); None = not watched. ``clock``: the watchdog's clock."""
         self.cfg = cfg
         self.model_config = model_config
         self.limits = cfg.limits(model_config.task_type)
@@ -195,8 +192,6 @@ class TtsService:
         self.clock = clock
         self.live: Dict[str, _Live] = {}
         self.broken: Optional[PeerDied] = None  # set once a peer process has died
-        self.on_idle = on_idle
-        self._ended_since_idle = False
 
     def parse(self, inputs: Mapping[str, Any]) -> TtsRequest:
         req = parse_tts_request(inputs, self.limits)
@@ -242,7 +237,6 @@ class TtsService:
             await self._serve(req, send, cancelled, rid, live, t0)
         finally:
             self.live.pop(rid, None)
-            self._ended_since_idle = True
             send.free()  # no-op when a FINAL already freed it
 
     async def _serve(self, req: TtsRequest, send: "_FreeSlotBeforeFinal", cancelled: Callable[[], bool],
@@ -383,9 +377,6 @@ class TtsService:
                                  for s in dead)
                 self.broken = PeerDied(f"{what}: this server cannot serve until it is restarted")
                 log.error("%s", self.broken)
-        if not self.live and self._ended_since_idle and self.on_idle is not None:
-            self._ended_since_idle = False
-            self.on_idle()
         now = self.clock()
         deadline = self.cfg.request_deadline_s
         for live in list(self.live.values()):

@@ -15,10 +15,12 @@ import faulthandler  # noqa: E402
 faulthandler.enable()
 
 import asyncio  # noqa: E402
+import collections  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
+import time  # noqa: E402
 from concurrent.futures import ThreadPoolExecutor  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -29,9 +31,8 @@ from qwen3_tts_triton.stub_procs import StubWatch  # noqa: E402
 from qwen3_tts_triton.config import Qwen3TTSConfig  # noqa: E402
 from qwen3_tts_triton.serving.model_config import TtsModelConfig, parameters_from_model_config  # noqa: E402
 from qwen3_tts_triton.serving.pipeline import trim_window  # noqa: E402
-from qwen3_tts_triton.serving.request import TTS_INPUTS, RequestError  # noqa: E402
+from qwen3_tts_triton.serving.request import TTS_INPUTS  # noqa: E402
 from qwen3_tts_triton.serving.tts_service import SAMPLE_RATE, Metrics, TtsService  # noqa: E402
-from qwen3_tts_triton.serving.admission import Overloaded  # noqa: E402
 from qwen3_tts_triton.serving.codec_batch import bucket  # noqa: E402
 from qwen3_tts_triton.serving.errors import error_code_name  # noqa: E402
 from qwen3_tts_triton.serving.stateful_codec import (  # noqa: E402
@@ -48,35 +49,86 @@ class _TalkerBLS:
     The BLS response iterator blocks, so each live stream holds a thread while it waits for the
     talker. The threads come from a pool of their own, sized for every admitted stream plus
     aborts: asyncio's default executor (min(32, cpus + 4) threads) would let at most that many
-    streams wait at once and queue the rest behind them."""
+    streams wait at once and queue the rest behind them.
+
+    Iterator lifetime (the tts stub's segfault under load, docs/design/serving.md): a Triton 2.51
+    ``ResponseIterator`` keeps every response it received, and once it has seen its FINAL response
+    it queues a clean-up message; the stub's C++ thread that sends it erases the iterator from a
+    map. If Python had already dropped the iterator, that erase destroys it and its responses'
+    numpy arrays on the C++ thread without the GIL, and the stub dies. So an iterator is (1) always
+    read to its FINAL response (after an early stop, by a pool thread), which queues the clean-up,
+    and (2) kept for ``ITERATOR_GRACE_S`` after that, so that the clean-up thread has let go of
+    it and Python's drop, with the GIL, is the last one."""
+
+    ITERATOR_GRACE_S = 10.0
 
     def __init__(self, model_name: str, max_streams: int):
         self.model_name = model_name
         self.pool = ThreadPoolExecutor(max_workers=max_streams + 8, thread_name_prefix="tts-bls")
+        self._finished = collections.deque()  # (time, iterator): read to the end, held for the grace
+
+    def _hold(self, it):
+        """Keep a finished iterator for the grace period; drop older ones (event loop thread)."""
+        now = time.monotonic()
+        self._finished.append((now, it))
+        while now - self._finished[0][0] > self.ITERATOR_GRACE_S:
+            self._finished.popleft()
+
+    def _read_to_end(self, it, pending, loop):
+        """Pool thread: finish a stream its consumer left early (the abort makes the talker end
+        it), then hand the iterator to ``_hold`` on the loop."""
+        try:
+            done = pending is not None and pending.result() is None
+            while not done:
+                done = next(it, None) is None
+        except BaseException:  # noqa: BLE001 - a cancelled read or a talker that died: hold it anyway
+            pass
+        try:
+            loop.call_soon_threadsafe(self._hold, it)
+        except RuntimeError:  # the loop is closed (model unloading): nothing is left to race with
+            pass
+
+    async def _read(self, it):
+        """All responses of one BLS call, read off the event loop; ends after its FINAL."""
+        loop = asyncio.get_running_loop()
+        pending, finished = None, False
+        try:
+            while True:
+                # The BLS response iterator blocks; advance it off the event loop (runbook C4).
+                pending = self.pool.submit(next, it, None)
+                resp = await asyncio.wrap_future(pending)
+                pending = None
+                if resp is None:
+                    finished = True
+                    return
+                yield resp
+        finally:
+            if finished:
+                self._hold(it)
+            else:
+                self.pool.submit(self._read_to_end, it, pending, loop)
 
     async def stream(self, request_id, inputs):
         req = pb_utils.InferenceRequest(model_name=self.model_name, request_id=request_id,
                                         inputs=tensors_from_dict(inputs), requested_output_names=["codes"])
-        it = await req.async_exec(decoupled=True)
-        loop = asyncio.get_running_loop()
-        while True:
-            # The BLS response iterator blocks; advance it off the event loop (runbook C4).
-            resp = await loop.run_in_executor(self.pool, next, it, None)
-            if resp is None:
-                return
-            if resp.has_error():
-                # the talker's own code and field ("[INVALID_ARG] max_frames: ..." reaches the
-                # client as that, once): serving/errors.py parses the message back
-                from qwen3_tts_triton.serving.errors import downstream_error
+        responses = self._read(await req.async_exec(decoupled=True))
+        try:
+            async for resp in responses:
+                if resp.has_error():
+                    # the talker's own code and field ("[INVALID_ARG] max_frames: ..." reaches the
+                    # client as that, once): serving/errors.py parses the message back
+                    from qwen3_tts_triton.serving.errors import downstream_error
 
-                raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
-            out = pb_utils.get_output_tensor_by_name(resp, "codes")
-            if out is not None:
-                # Copy: the array must not depend on the lifetime of the BLS response's buffer
-                # (the pipeline keeps frames across chunks; a view crashed the stub once in CI).
-                codes = np.array(out.as_numpy())
-                if codes.size:
-                    yield codes.reshape(-1, 16)
+                    raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
+                out = pb_utils.get_output_tensor_by_name(resp, "codes")
+                if out is not None:
+                    # Copy: the array must not depend on the lifetime of the BLS response's buffer
+                    # (the pipeline keeps frames across chunks; a view crashed the stub once in CI).
+                    codes = np.array(out.as_numpy())
+                    if codes.size:
+                        yield codes.reshape(-1, 16)
+        finally:
+            await responses.aclose()
 
     async def abort(self, request_id):
         # Triton 2.51's BLS response iterator has no cancel(); the talker takes an explicit abort.
@@ -84,10 +136,12 @@ class _TalkerBLS:
             model_name=self.model_name,
             inputs=[pb_utils.Tensor("abort_request_id", np.array([request_id.encode()], dtype=object))],
             requested_output_names=["codes"])
-        it = await req.async_exec(decoupled=True)
-        loop = asyncio.get_running_loop()
-        while await loop.run_in_executor(self.pool, next, it, None) is not None:
-            pass
+        responses = self._read(await req.async_exec(decoupled=True))
+        try:
+            async for _ in responses:
+                pass
+        finally:
+            await responses.aclose()
 
 
 class _CodecBLS:
@@ -275,10 +329,7 @@ class TritonPythonModel:
         peers = StubWatch(os.getppid(), (self.cfg.talker_model, self.cfg.codec_model))
         self.service = TtsService(self.cfg, ckpt, self.talker, codec, self.metrics,
                                   encode=None if self.encoders is None else self.encoders.encode_async,
-                                  peers=peers, on_idle=gc.collect)
-        # on_idle: a request object or response sender kept alive by a reference cycle keeps the
-        # model "live" for Triton (a shutdown then waits its whole exit timeout); a collection
-        # when no stream is running frees them without pausing any stream.
+                                  peers=peers)
         # The service runs on its own event loop thread, so execute() returns at once (decoupled).
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
