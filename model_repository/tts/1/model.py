@@ -52,20 +52,21 @@ class _TalkerBLS:
     streams wait at once and queue the rest behind them.
 
     Iterator lifetime (the tts stub's segfault under load, docs/design/serving.md): a Triton 2.51
-    ``ResponseIterator`` keeps every response it received, and once it has seen its FINAL response
-    it queues a clean-up message; the stub's C++ thread that sends it erases the iterator from a
-    map. If Python had already dropped the iterator, that erase destroys it and its responses'
-    numpy arrays on the C++ thread without the GIL, and the stub dies. So an iterator is (1) always
-    read to its FINAL response (after an early stop, by a pool thread), which queues the clean-up,
-    and (2) kept for ``ITERATOR_GRACE_S`` after that, so that the clean-up thread has let go of
-    it and Python's drop, with the GIL, is the last one."""
+    ``ResponseIterator`` keeps every response it received, and once it has returned its FINAL
+    response it queues a clean-up message; the stub's C++ thread that sends it erases the iterator
+    from a map. If Python had already dropped the iterator, that erase destroys it and its
+    responses' numpy arrays on the C++ thread without the GIL, and the stub dies. So an iterator
+    that returned its FINAL is kept for ``ITERATOR_GRACE_S`` afterwards: the clean-up thread lets
+    go first, and Python's drop, with the GIL, is the last. One whose reader stopped early (cancel,
+    error) is never cleaned up by the stub (it stays in that map; the same as before) and so
+    never freed on that thread either."""
 
     ITERATOR_GRACE_S = 10.0
 
     def __init__(self, model_name: str, max_streams: int):
         self.model_name = model_name
         self.pool = ThreadPoolExecutor(max_workers=max_streams + 8, thread_name_prefix="tts-bls")
-        self._finished = collections.deque()  # (time, iterator): read to the end, held for the grace
+        self._finished = collections.deque()  # (time, iterator): past their FINAL, held for the grace
 
     def _hold(self, it):
         """Keep a finished iterator for the grace period; drop older ones (event loop thread)."""
@@ -73,20 +74,6 @@ class _TalkerBLS:
         self._finished.append((now, it))
         while now - self._finished[0][0] > self.ITERATOR_GRACE_S:
             self._finished.popleft()
-
-    def _read_to_end(self, it, pending, loop):
-        """Pool thread: finish a stream its consumer left early (the abort makes the talker end
-        it), then hand the iterator to ``_hold`` on the loop."""
-        try:
-            done = pending is not None and pending.result() is None
-            while not done:
-                done = next(it, None) is None
-        except BaseException:  # noqa: BLE001 - a cancelled read or a talker that died: hold it anyway
-            pass
-        try:
-            loop.call_soon_threadsafe(self._hold, it)
-        except RuntimeError:  # the loop is closed (model unloading): nothing is left to race with
-            pass
 
     async def _read(self, it):
         """All responses of one BLS call, read off the event loop; ends after its FINAL."""
@@ -105,8 +92,16 @@ class _TalkerBLS:
         finally:
             if finished:
                 self._hold(it)
-            else:
-                self.pool.submit(self._read_to_end, it, pending, loop)
+            elif pending is not None:
+                # cancelled while a read runs in the pool: that read may still return the FINAL
+                # response, so hold the iterator once it is done
+                def hold(_future, it=it):
+                    try:
+                        loop.call_soon_threadsafe(self._hold, it)
+                    except RuntimeError:  # the loop is closed (model unloading)
+                        pass
+
+                pending.add_done_callback(hold)
 
     async def stream(self, request_id, inputs):
         req = pb_utils.InferenceRequest(model_name=self.model_name, request_id=request_id,
