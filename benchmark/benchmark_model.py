@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import platform
 import statistics
 import sys
@@ -99,7 +98,7 @@ def random_talker(args):
     """A random-weight reference Talker of a real-size preset, built on the device (no files)."""
     from qwen3_tts_triton import presets
     from qwen3_tts_triton.config import Qwen3TTSConfig
-    from qwen3_tts_triton.talker import Talker, init_random_weights
+    from qwen3_tts_triton.talker import Talker
 
     cfg = Qwen3TTSConfig.from_dict(presets.main_config(args.random_preset))
     torch.manual_seed(0)

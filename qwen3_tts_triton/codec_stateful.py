@@ -205,7 +205,7 @@ class StatefulCodecDecoder(nn.Module):
     def _transformer_step(self, x, state, new):  # x [B, T, latent]
         pt = self.decoder.pre_transformer
         x = pt.input_proj(x)
-        b, t = x.shape[0], x.shape[1]
+        t = x.shape[1]
         pos0 = state[POS_NAME]  # [B] int64
         steps = torch.arange(t, device=x.device, dtype=torch.int64)
         qpos = pos0[:, None] + steps[None, :]  # [B, T] absolute positions

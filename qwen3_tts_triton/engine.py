@@ -16,8 +16,6 @@ start an engine need ``if __name__ == "__main__":`` (vLLM-CPU uses ``spawn``).
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import hashlib
 import json
 import os

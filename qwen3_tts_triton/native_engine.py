@@ -42,14 +42,13 @@ Imports neither vLLM nor Triton.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Dict, List, Optional, Sequence, Tuple
+from typing import AsyncIterator, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -677,7 +676,6 @@ class NativeModel:
     def part_talker(self, B: int, C: int) -> None:
         """Next input F(frame) + text -> one talker position per row -> ``h_new``, ``logits``."""
         tk = self.talker
-        model = tk.model
         sl = slice(0, B)
         fi, ntr, pos = self.frame_idx[sl], self.n_trailing[sl], self.pos[sl]
         T = self.trailing.shape[1]

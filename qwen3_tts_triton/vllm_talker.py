@@ -25,7 +25,7 @@ import gc
 import math
 import threading
 import weakref
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import numpy as np
 import torch

@@ -22,6 +22,7 @@ from qwen3_tts_triton.serving.pipeline import Cancelled
 from qwen3_tts_triton.serving.request import RequestError
 from qwen3_tts_triton.serving.talker_service import TalkerService
 from qwen3_tts_triton.serving.tts_service import TtsService
+from test_tts_service import Sender  # the tts tests' recording sender
 
 TINY = Qwen3TTSConfig.from_dict(presets.main_config("tiny"))
 
@@ -198,17 +199,6 @@ class TalkerOverBLS:
 class FakeCodec:
     async def decode(self, codes, left):
         return np.zeros(codes.shape[0] * 1920, np.float32)
-
-
-class Sender:
-    def __init__(self):
-        self.items = []
-
-    def audio(self, samples, final):
-        self.items.append(("audio", samples, final))
-
-    def error(self, err):
-        self.items.append(("error", err, True))
 
 
 def test_talker_max_frames_refusal_reaches_the_client_once():

@@ -7,7 +7,6 @@ it both scripts must exit 3 with the usual message.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import subprocess

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Mapping, Optional, Tuple, Type, TypeVar
+from typing import Any, Mapping, Type, TypeVar
 
 from .admission import AdmissionConfig
 from .request import SAMPLE_FORMATS, TASK_TYPES, TtsLimits

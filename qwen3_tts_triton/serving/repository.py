@@ -14,8 +14,8 @@ import os
 import re
 import shutil
 import string
-from dataclasses import asdict, dataclass, field
-from typing import Dict, Optional
+from dataclasses import asdict, dataclass
+from typing import Dict
 
 from ..config import Qwen3TTSConfig
 

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Dict, Mapping, Optional
+from typing import Any, AsyncIterator, Dict, Mapping
 
 import numpy as np
 

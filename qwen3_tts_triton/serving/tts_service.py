@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Protocol, Sequence
 
 import numpy as np

@@ -16,7 +16,6 @@ faulthandler.enable()
 
 import json  # noqa: E402
 
-import numpy as np  # noqa: E402
 import triton_python_backend_utils as pb_utils  # noqa: E402
 
 from qwen3_tts_triton import profiling  # noqa: E402
