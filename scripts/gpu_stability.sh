@@ -8,7 +8,9 @@
 #   MODE=soak-start  server up, then SOAK_MIN minutes at SOAK_RPS in a detached session; returns
 #   MODE=soak-wait   waits for the detached soak (call within 30 s of soak-start), collects it
 # Knobs: RATES ("5 10 20 30 40"), FRAMES (50), STREAMS (8), DURATION (12 s a level), SOAK_RPS (20),
-#   SOAK_MIN (10), REPO_ARGS (replaces the recommended configuration's flags), TAG.
+#   SOAK_MIN (10), REPO_ARGS (replaces the recommended configuration's flags), TAG,
+#   CANCEL_RATE (sweep: one more level at this rate whose client gives up, and cancels on the
+#   server, every request not done within CANCEL_TIMEOUT s, default 1: cancels under load).
 set -uo pipefail
 MODE=${MODE:-sweep}
 RATES=${RATES:-"5 10 20 30 40"}
@@ -68,6 +70,13 @@ case $MODE in
     timeout 480 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate $RATES --streams "$STREAMS" \
       --fixed-frames "$FRAMES" --duration "$DURATION" --warmup 2 --timeout 45 --no-progress \
       --out-json "$W/sweep.json" 2>&1 | tee "$W/sweep.txt" | tail -25
+    if [ -n "${CANCEL_RATE:-}" ]; then
+      echo "cancels: $CANCEL_RATE req/s, client timeout ${CANCEL_TIMEOUT:-1} s"
+      timeout 240 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate "$CANCEL_RATE" --streams "$STREAMS" \
+        --fixed-frames "$FRAMES" --duration "$DURATION" --warmup 2 --timeout "${CANCEL_TIMEOUT:-1}" --no-progress \
+        --out-json "$W/cancels.json" 2>&1 | tee "$W/cancels.txt" | tail -6
+      curl -s localhost:18002/metrics | grep -E "^qwen3_tts_requests_(cancelled|in_flight)|resident_states"
+    fi
     collect "$TAG" 2>&1 | tee "$OUT/summary_$TAG.txt" ;;
   soak-start)
     start_server
