@@ -57,9 +57,11 @@ class _TalkerBLS:
     from a map. If Python had already dropped the iterator, that erase destroys it and its
     responses' numpy arrays on the C++ thread without the GIL, and the stub dies. So an iterator
     that returned its FINAL is kept for ``ITERATOR_GRACE_S`` afterwards: the clean-up thread lets
-    go first, and Python's drop, with the GIL, is the last. One whose reader stopped early (cancel,
-    error) is never cleaned up by the stub (it stays in that map; the same as before) and so
-    never freed on that thread either."""
+    go first, and Python's drop, with the GIL, is the last. One whose reader stopped early
+    (cancel, error) is read to its FINAL (the talker ends it after the abort) by a thread of its
+    own, then held the same way: left unread, the stub never cleans it up, and Triton then kept
+    the tts model live at shutdown until its exit timeout. Not the pool: reads of the abort
+    request's own iterator queue there."""
 
     ITERATOR_GRACE_S = 10.0
 
@@ -92,16 +94,23 @@ class _TalkerBLS:
         finally:
             if finished:
                 self._hold(it)
-            elif pending is not None:
-                # cancelled while a read runs in the pool: that read may still return the FINAL
-                # response, so hold the iterator once it is done
-                def hold(_future, it=it):
-                    try:
-                        loop.call_soon_threadsafe(self._hold, it)
-                    except RuntimeError:  # the loop is closed (model unloading)
-                        pass
+            else:
+                threading.Thread(target=self._read_to_end, args=(it, pending, loop), daemon=True,
+                                 name="tts-bls-drain").start()
 
-                pending.add_done_callback(hold)
+    def _read_to_end(self, it, pending, loop):
+        """The rest of an iterator whose reader stopped early, up to its FINAL; then hold it on
+        the loop. ``pending``: a read of it still running in the pool (it may be the last)."""
+        try:
+            done = pending is not None and pending.result() is None
+            while not done:
+                done = next(it, None) is None
+        except BaseException:  # noqa: BLE001 - a cancelled read or a dead talker: hold it anyway
+            pass
+        try:
+            loop.call_soon_threadsafe(self._hold, it)
+        except RuntimeError:  # the loop is closed (model unloading): nothing is left to race with
+            pass
 
     async def stream(self, request_id, inputs):
         req = pb_utils.InferenceRequest(model_name=self.model_name, request_id=request_id,
