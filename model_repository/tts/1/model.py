@@ -34,7 +34,7 @@ from qwen3_tts_triton.serving.pipeline import trim_window  # noqa: E402
 from qwen3_tts_triton.serving.request import TTS_INPUTS  # noqa: E402
 from qwen3_tts_triton.serving.tts_service import SAMPLE_RATE, Metrics, TtsService  # noqa: E402
 from qwen3_tts_triton.serving.codec_batch import bucket  # noqa: E402
-from qwen3_tts_triton.serving.errors import error_code_name  # noqa: E402
+from qwen3_tts_triton.serving.errors import downstream_error, error_code_name  # noqa: E402
 from qwen3_tts_triton.serving.stateful_codec import (  # noqa: E402
     ResidentSession, StatefulSession, state_specs_from_checkpoint, zero_state_inputs)
 
@@ -121,8 +121,6 @@ class _TalkerBLS:
                 if resp.has_error():
                     # the talker's own code and field ("[INVALID_ARG] max_frames: ..." reaches the
                     # client as that, once): serving/errors.py parses the message back
-                    from qwen3_tts_triton.serving.errors import downstream_error
-
                     raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
                 out = pb_utils.get_output_tensor_by_name(resp, "codes")
                 if out is not None:
@@ -162,8 +160,6 @@ class _CodecBLS:
                                         inputs=[pb_utils.Tensor("audio_codes", window)])
         resp = await req.async_exec()
         if resp.has_error():
-            from qwen3_tts_triton.serving.errors import downstream_error
-
             raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
         audio = np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])  # own the samples
         return trim_window(audio, left_context, num_frames=n_new)
@@ -217,8 +213,6 @@ class _StatefulCodecBLS:
                                         inputs=inputs)
         resp = await req.async_exec()
         if resp.has_error():
-            from qwen3_tts_triton.serving.errors import downstream_error
-
             raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
         audio = np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])
         new = {s.name: _keep(pb_utils.get_output_tensor_by_name(resp, s.output_name)) for s in self.specs}
@@ -244,8 +238,6 @@ class _ResidentCodecBLS:
         resp = await req.async_exec()
         if resp.has_error():
             # its own code: UNAVAILABLE (every codec state slot taken) stays retryable
-            from qwen3_tts_triton.serving.errors import downstream_error
-
             raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
         return resp
 
