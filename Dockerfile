@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1
-# qwen3-tts-triton, CUDA 13 image (host driver R580 or newer). See docs/docker.md.
-#   docker build -t qwen3-tts-triton:cu13 .
+# triton-qwen3-tts, CUDA 13 image (host driver R580 or newer). See docs/docker.md.
+#   docker build -t triton-qwen3-tts:cu13 .
 #   docker run --gpus all --shm-size 2g -p 8000-8002:8000-8002 -v $PWD/ckpt:/models/checkpoint:ro \
-#       -v qwen3-tts-cache:/cache qwen3-tts-triton:cu13
+#       -v qwen3-tts-cache:/cache triton-qwen3-tts:cu13
 # Triton 26.02: CUDA 13.1.1, TensorRT 10.15.1, Ubuntu 24.04, Python 3.12.
 FROM nvcr.io/nvidia/tritonserver:26.02-py3
 
@@ -21,7 +21,7 @@ RUN TRT_DEB="$(dpkg-query -W -f='${Version}' libnvinfer10)" \
     && apt-get install -y --no-install-recommends "python3-libnvinfer=${TRT_DEB}" libsndfile1 \
     && rm -rf /var/lib/apt/lists/*
 
-WORKDIR /opt/qwen3-tts-triton
+WORKDIR /opt/triton-qwen3-tts
 COPY requirements/docker-cu13.txt requirements/cpu-2-stub.txt requirements/
 # Ordered install (no single resolution exists; docs/environment.md, docs/docker.md):
 #  1. vllm==0.32.0 with torch==2.13.0 (PyPI's CUDA 13.0 build) and the serving/export tools;
@@ -30,7 +30,7 @@ RUN python3 -m pip install -r requirements/docker-cu13.txt \
     && python3 -m pip install --no-warn-conflicts -r requirements/cpu-2-stub.txt
 
 COPY pyproject.toml README.md ./
-COPY qwen3_tts_triton/ qwen3_tts_triton/
+COPY triton_qwen3_tts/ triton_qwen3_tts/
 COPY model_repository/ model_repository/
 COPY export/ export/
 COPY scripts/ scripts/
@@ -39,7 +39,7 @@ COPY docker/entrypoint.sh /usr/local/bin/qwen3-tts-entrypoint
 # --no-deps: the requirements above are the whole environment; a re-resolution would pull numpy 2.
 RUN python3 -m pip install --no-deps . \
     && chmod +x /usr/local/bin/qwen3-tts-entrypoint \
-    && python3 -c "import numpy, torch, vllm, transformers, tensorrt, onnxruntime, polygraphy, tritonclient.grpc, qwen3_tts_triton; \
+    && python3 -c "import numpy, torch, vllm, transformers, tensorrt, onnxruntime, polygraphy, tritonclient.grpc, triton_qwen3_tts; \
 assert numpy.__version__.startswith('1.'), numpy.__version__; \
 assert (torch.version.cuda or '').startswith('13'), torch.version.cuda; \
 print('image ok: torch', torch.__version__, 'cuda', torch.version.cuda, 'vllm', vllm.__version__, 'tensorrt', tensorrt.__version__)"

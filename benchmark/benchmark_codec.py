@@ -8,7 +8,7 @@ package and a plan; not available on the development machines). Two decoding mod
 * windowed: each call decodes ``context + chunk`` frames and keeps the last ``chunk`` (the
   production path with left context; 72 + 25 by default);
 * stateful: each call decodes only ``chunk`` new frames and carries conv tails and the attention
-  KV ring as explicit state (qwen3_tts_triton.codec_stateful); exact.
+  KV ring as explicit state (triton_qwen3_tts.model.stateful_codec); exact.
 
 Weights are random with the real shapes unless --checkpoint is given (timings carry over).
 
@@ -27,16 +27,16 @@ from typing import Dict, List
 
 import torch
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights
-from qwen3_tts_triton.config import CodecDecoderConfig
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights
+from triton_qwen3_tts.model.config import CodecDecoderConfig
 
 SECONDS_PER_FRAME = 0.08
 
 
 def build_decoder(args) -> CodecDecoder:
     if args.checkpoint:
-        from qwen3_tts_triton.serving.codec_runtime import load_codec_decoder
+        from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder
 
         dec, _ = load_codec_decoder(args.checkpoint, "cpu")
     else:
@@ -85,7 +85,7 @@ def make_windowed(dec, b, t, device, graph, compiled):
 
 
 def make_stateful(dec, b, t, device, graph, compiled):
-    from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder
+    from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
 
     sdec = StatefulCodecDecoder(dec)
     dtype = next(dec.parameters()).dtype

@@ -64,8 +64,8 @@ def summarise(xs: List[float]) -> Dict[str, float]:
 
 def build_prompts(checkpoint: str, n: int = 4):
     """[(prompt_embeds [L, D], trailing [N, D])] from the checkpoint's own prompt builder."""
-    from qwen3_tts_triton.frontend import PromptFrontend
-    from qwen3_tts_triton.prompt import PromptRequest
+    from triton_qwen3_tts.model.frontend import PromptFrontend
+    from triton_qwen3_tts.model.prompt import PromptRequest
 
     fe = PromptFrontend(checkpoint)
     cfg = fe.config
@@ -96,9 +96,9 @@ def build_prompts(checkpoint: str, n: int = 4):
 
 def random_talker(args):
     """A random-weight reference Talker of a real-size preset, built on the device (no files)."""
-    from qwen3_tts_triton import presets
-    from qwen3_tts_triton.config import Qwen3TTSConfig
-    from qwen3_tts_triton.talker import Talker
+    from triton_qwen3_tts.model import presets
+    from triton_qwen3_tts.model.config import Qwen3TTSConfig
+    from triton_qwen3_tts.model.talker import Talker
 
     cfg = Qwen3TTSConfig.from_dict(presets.main_config(args.random_preset))
     torch.manual_seed(0)
@@ -136,7 +136,7 @@ def native_knobs(args) -> dict:
 
 async def make_engine(args, max_num_seqs: int):
     if args.engine == "native":
-        from qwen3_tts_triton.native_engine import NativeEngine, NativeEngineConfig
+        from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig
 
         cfg = NativeEngineConfig(max_num_seqs=max_num_seqs, max_model_len=args.max_model_len,
                                  device=args.device, dtype=args.dtype, cuda_graphs=not args.no_graphs,
@@ -148,7 +148,7 @@ async def make_engine(args, max_num_seqs: int):
               f"(graph capture {eng.capture_seconds:.1f} s; buckets {cfg.batch_sizes()} x ctx {cfg.ctx_sizes()})",
               flush=True)
         return eng
-    from qwen3_tts_triton.engine import EngineConfig, TalkerEngine
+    from triton_qwen3_tts.engines.vllm.engine import EngineConfig, TalkerEngine
 
     kv = None if args.device.startswith("cuda") else 256 * 2**20
     cfg = EngineConfig(max_num_seqs=max_num_seqs, max_model_len=args.max_model_len, dtype=args.dtype,
@@ -158,7 +158,7 @@ async def make_engine(args, max_num_seqs: int):
 
 
 async def one_request(engine, rid: str, prompt, trailing, frames: int, seed: int) -> dict:
-    from qwen3_tts_triton.engine import TalkerRequest
+    from triton_qwen3_tts.engines.base import TalkerRequest
 
     req = TalkerRequest(request_id=rid, prompt_embeds=prompt, trailing=trailing, max_frames=frames,
                         seed=seed, suppress_eos=True)
@@ -199,7 +199,7 @@ async def run_level(engine, prompts, c: int, frames: int, rounds: int, bar) -> d
 
 async def sweep(args) -> dict:
     if args.random_preset:
-        from qwen3_tts_triton import presets
+        from triton_qwen3_tts.model import presets
         prompts = random_prompts(presets.main_config(args.random_preset)["talker_config"]["hidden_size"])
     else:
         prompts = build_prompts(args.checkpoint)
@@ -240,7 +240,7 @@ async def sweep(args) -> dict:
 
 def profile_step(args) -> dict:
     """Time one decode step per batch bucket, whole and in three parts, each its own graph."""
-    from qwen3_tts_triton.native_engine import NativeEngine, NativeEngineConfig, hash_seed
+    from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig, hash_seed
 
     if not args.device.startswith("cuda"):
         raise SystemExit("--profile-step needs --device cuda")
@@ -379,16 +379,16 @@ def check(args) -> dict:
     """Greedy, concurrent, staggered requests on (a) eager and (b) CUDA-graph engines: frames must
     be identical; both are also compared with the reference ``generate_codes`` on the same
     device/dtype (exact match expected only with fast_math off and fp32)."""
-    from qwen3_tts_triton.engine import TalkerRequest
-    from qwen3_tts_triton.generate import generate_codes
-    from qwen3_tts_triton.native_engine import NativeEngine, NativeEngineConfig
-    from qwen3_tts_triton.sampling import SamplingParams
+    from triton_qwen3_tts.engines.base import TalkerRequest
+    from triton_qwen3_tts.model.generate import generate_codes
+    from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig
+    from triton_qwen3_tts.model.sampling import SamplingParams
 
     if args.random_preset:
         talker, tcfg = random_talker(args)
         pad_id = tcfg.tts_pad_token_id
     else:
-        from qwen3_tts_triton.checkpoint import load_checkpoint
+        from triton_qwen3_tts.model.checkpoint import load_checkpoint
         ck = load_checkpoint(args.checkpoint, device=args.device, dtype=getattr(torch, args.dtype),
                              load_speech_tokenizer=False, load_tokenizer=False)
         talker, pad_id = ck.model.talker.eval(), ck.config.tts_pad_token_id
@@ -451,7 +451,7 @@ def check(args) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 def make_smoke_checkpoint() -> str:
-    from qwen3_tts_triton.random_checkpoint import write_random_checkpoint
+    from triton_qwen3_tts.tools.random_checkpoint import write_random_checkpoint
 
     out = Path(tempfile.mkdtemp(prefix="bench-smoke-")) / "tiny"
     write_random_checkpoint("tiny", out, 0, progress=False)

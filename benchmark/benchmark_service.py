@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""End-to-end service benchmark: sweeps a running qwen3-tts-triton server over gRPC streaming.
+"""End-to-end service benchmark: sweeps a running triton-qwen3-tts server over gRPC streaming.
 
 Closed loop (``--concurrency 1 4 8``): N workers send requests back to back until
 ``--requests-per-level`` requests are done (or ``--duration`` seconds have passed).
 Open loop (``--rate 0.5 1 2``): requests arrive as a seeded Poisson process at R req/s
 (``--requests-per-level`` arrivals, or arrivals during ``--duration`` s), independent of how fast
-the server answers. Requests go through ``qwen3_tts_triton.client.StreamingClient``: each request
+the server answers. Requests go through ``triton_qwen3_tts.tools.client.StreamingClient``: each request
 has a gRPC stream of its own, so each error is the error of its own request, and a request the
 benchmark stops waiting for (``--timeout`` without a response) is cancelled on the server.
 
@@ -17,7 +17,7 @@ previous one's requests unnoticed.
 
 Texts come from the built-in English + Chinese set (``benchmark/texts.py``, ``--texts en|zh|all``)
 or ``--dataset FILE`` (``id<TAB>text`` lines, seed-tts format), drawn with a seeded RNG. Metrics and
-their definitions: ``qwen3_tts_triton/bench_metrics.py`` (TTFA, latency, RTF = latency / audio,
+their definitions: ``triton_qwen3_tts/tools/bench_metrics.py`` (TTFA, latency, RTF = latency / audio,
 playback underruns; mean/p50/p95/p99 with numpy's linear percentile; req/s; audio-seconds per
 wall-second). The tables show underruns as the percentage of a level's successful requests that
 had one (the JSON keeps ``underruns_total`` and ``requests_with_underrun``).
@@ -56,7 +56,7 @@ for _p in (_HERE, _ROOT):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from qwen3_tts_triton import bench_metrics as bm  # noqa: E402
+from triton_qwen3_tts.tools import bench_metrics as bm  # noqa: E402
 from texts import load_dataset, load_texts  # noqa: E402
 
 TASK_TYPES = {"customvoice": "CustomVoice", "voicedesign": "VoiceDesign", "base": "Base"}
@@ -227,7 +227,7 @@ def _one_request(client, t0: float, picker: TextPicker, base_kw: Dict[str, objec
     """Send one request on ``client`` and wait for it; never raises (errors become a record).
     The client attributes each error to its own request; a request without a response for
     ``--timeout`` s is cancelled on the server by ``receive`` (record code TIMEOUT)."""
-    from qwen3_tts_triton.client import TtsError, build_inputs
+    from triton_qwen3_tts.tools.client import TtsError, build_inputs
 
     uid, text, lang = picker.pick()
     kw = dict(base_kw, text=text)
@@ -476,7 +476,7 @@ def write_plot(aggs: Sequence[Dict[str, object]], mode: str, path: str) -> None:
         ax.set_xlabel("concurrency" if mode == "closed" else "arrival rate (req/s)")
         ax.grid(True, alpha=0.3)
     ax1.legend()
-    fig.suptitle(f"qwen3-tts-triton service benchmark ({mode} loop)")
+    fig.suptitle(f"triton-qwen3-tts service benchmark ({mode} loop)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -506,7 +506,7 @@ def voice_cache_inputs(base_kw: Dict[str, object], which: str, shared_id: str) -
 def store_voice(client_factory: Callable[[], object], base_kw: Dict[str, object], voice_id: str,
                 timeout: float) -> float:
     """One request that stores the reference under ``voice_id``; returns its latency (s)."""
-    from qwen3_tts_triton.client import build_inputs
+    from triton_qwen3_tts.tools.client import build_inputs
 
     kw = dict(base_kw, voice_id=voice_id, text="Store this voice.", max_frames=2, ignore_eos=True)
     c = client_factory()
@@ -522,7 +522,7 @@ def run(a: argparse.Namespace, client_factory: Optional[Callable[[], object]] = 
     """Run the sweep (twice with ``--voice-cache both``); return the JSON-able result.
     ``client_factory`` (tests) replaces ``StreamingClient(a.url, a.model)``."""
     if client_factory is None:
-        from qwen3_tts_triton.client import StreamingClient
+        from triton_qwen3_tts.tools.client import StreamingClient
 
         def client_factory():
             return StreamingClient(a.url, a.model)
@@ -599,7 +599,7 @@ def _sweep(a: argparse.Namespace, client_factory: Callable[[], object], base_kw:
     print_table(aggs, mode, file=out)
     config = {k: v for k, v in vars(a).items()}
     result = {"config": config, "mode": mode, "percentile_method": f"numpy {bm.PERCENTILE_METHOD}",
-              "metric_definitions": "qwen3_tts_triton/bench_metrics.py", "levels": aggs, "requests": rows}
+              "metric_definitions": "triton_qwen3_tts/tools/bench_metrics.py", "levels": aggs, "requests": rows}
     if write:
         _write_outputs(a, result, aggs)
     return result
@@ -611,8 +611,8 @@ def start_cpu_server(a: argparse.Namespace):
     import socket
     import tempfile
 
-    from qwen3_tts_triton import launcher
-    from qwen3_tts_triton.serving.repository import RepositorySettings, build_repository
+    from triton_qwen3_tts.tools import launcher
+    from triton_qwen3_tts.serving.repository import RepositorySettings, build_repository
 
     work = a.serve_work or tempfile.mkdtemp(prefix="qwen3_tts_bench_")
     os.makedirs(work, exist_ok=True)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Entrypoint of the qwen3-tts-triton images (Dockerfile, Dockerfile.cu12). See docs/docker.md.
+# Entrypoint of the triton-qwen3-tts images (Dockerfile, Dockerfile.cu12). See docs/docker.md.
 #
 #  1. checkpoint: $QWEN3_TTS_CHECKPOINT (default /models/checkpoint, a mounted folder) if it holds
 #     config.json; otherwise $QWEN3_TTS_MODEL: a local folder, or a Hugging Face model id that is
@@ -9,7 +9,7 @@
 #     $QWEN3_TTS_CACHE/engines/<key>/codec.plan, key = checkpoint codec + TensorRT version + GPU +
 #     exporter sources + build args; later starts reuse it.
 #  3. model repository: scripts/build_model_repository.py into $QWEN3_TTS_REPOSITORY.
-#  4. server: python -m qwen3_tts_triton.launcher --address 0.0.0.0 --server image (exec'd, so
+#  4. server: python -m triton_qwen3_tts.tools.launcher --address 0.0.0.0 --server image (exec'd, so
 #     `docker stop` reaches it); arguments given to the container are appended to the launcher's.
 # A first argument that does not start with '-' is run instead (e.g. `docker run ... IMAGE bash`).
 set -euo pipefail
@@ -18,7 +18,7 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
   exec "$@"
 fi
 
-APP=${QWEN3_TTS_APP:-/opt/qwen3-tts-triton}
+APP=${QWEN3_TTS_APP:-/opt/triton-qwen3-tts}
 CKPT_DIR=${QWEN3_TTS_CHECKPOINT:-/models/checkpoint}
 CACHE=${QWEN3_TTS_CACHE:-/cache}
 MODEL=${QWEN3_TTS_MODEL:-}
@@ -73,7 +73,7 @@ if [ "$CODEC_BACKEND" = "tensorrt" ]; then
   codec_id=$(cd "$ckpt" && { find speech_tokenizer -type f -printf '%p %s\n' 2>/dev/null | sort; \
                               cat speech_tokenizer/config.json 2>/dev/null || true; } | sha256sum | cut -c1-16)
   tool_id=$(cd "$APP" && cat export/export_codec_onnx.py export/build_trt_engine.py \
-                             qwen3_tts_triton/onnx_export.py qwen3_tts_triton/codec.py 2>/dev/null | sha256sum | cut -c1-12)
+                             triton_qwen3_tts/export/codec_onnx.py triton_qwen3_tts/model/codec.py 2>/dev/null | sha256sum | cut -c1-12)
   key=$(printf '%s|%s|%s|%s|%s' "$codec_id" "$trt_version" "$gpu" "$tool_id" "$TRT_ARGS" | sha256sum | cut -c1-16)
   engine_dir="$CACHE/engines/trt${trt_version}-$key"
   plan="$engine_dir/codec.plan"
@@ -110,5 +110,5 @@ log "model repository: $REPO (codec backend $CODEC_BACKEND)"
 
 # ---- 4. server -----------------------------------------------------------------------------
 log "starting Triton (HTTP :8000, gRPC :8001, metrics :8002)"
-exec "$PY" -m qwen3_tts_triton.launcher --model-repository "$REPO" --address 0.0.0.0 --server image \
+exec "$PY" -m triton_qwen3_tts.tools.launcher --model-repository "$REPO" --address 0.0.0.0 --server image \
   --log "$SERVER_LOG" "$@"

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qwen3_tts_triton.stateful_trt import (  # noqa: E402
+from triton_qwen3_tts.export.stateful_trt import (  # noqa: E402
     DEFAULT_STATEFUL_ONNX_PATH,
     DEFAULT_STATEFUL_PLAN_PATH,
     apply_mode_defaults,
@@ -48,7 +48,7 @@ from qwen3_tts_triton.stateful_trt import (  # noqa: E402
     state_io_from_args,
     stateful_profile,
 )
-from qwen3_tts_triton.onnx_export import (  # noqa: E402
+from triton_qwen3_tts.export.codec_onnx import (  # noqa: E402
     DEFAULT_ONNX_PATH,
     DEFAULT_PLAN_PATH,
     DEFAULT_TIMING_CACHE,

@@ -66,7 +66,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from qwen3_tts_triton.stateful_trt import (  # noqa: E402
+from triton_qwen3_tts.export.stateful_trt import (  # noqa: E402
     DEFAULT_STATEFUL_ONNX_PATH,
     DEFAULT_STATEFUL_PLAN_PATH,
     STATEFUL_TOLERANCES,
@@ -75,7 +75,7 @@ from qwen3_tts_triton.stateful_trt import (  # noqa: E402
     row_positions,
     state_io_from_args,
 )
-from qwen3_tts_triton.onnx_export import (  # noqa: E402
+from triton_qwen3_tts.export.codec_onnx import (  # noqa: E402
     DEFAULT_ONNX_PATH,
     DEFAULT_PLAN_PATH,
     EXIT_FAILED,

@@ -30,7 +30,7 @@ EXIT_OK, EXIT_PARITY, EXIT_USAGE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from qwen3_tts_triton.onnx_export import DEFAULT_ONNX_PATH, DEFAULT_OPSET
+    from triton_qwen3_tts.export.codec_onnx import DEFAULT_ONNX_PATH, DEFAULT_OPSET
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
-    from qwen3_tts_triton.onnx_export import (
+    from triton_qwen3_tts.export.codec_onnx import (
         MIN_OPSET,
         apply_trt_fusion_barrier_file,
         check_parity,

@@ -20,7 +20,7 @@ compared with their solo results.
 
 TensorRT fusion barrier: the stateful graph has the same ``pre_transformer.output_proj ->
 Transpose -> ConvTranspose`` site where TensorRT 10.x fused wrongly across rows in the windowed
-codec (qwen3_tts_triton/onnx_export.py). The CLI inserts the same ``Add(x, 0)`` barrier there by
+codec (triton_qwen3_tts/export/codec_onnx.py). The CLI inserts the same ``Add(x, 0)`` barrier there by
 default (numerically a no-op: the onnxruntime parity runs on the file with the barrier);
 ``--no-trt-fusion-barrier`` skips it. ``export/check_parity.py --stateful`` checks per-row
 independence of the engine either way.
@@ -63,7 +63,7 @@ def export_stateful_onnx(decoder, path: str, opset: int = 18, example_batch: int
     import onnx
     import torch
 
-    from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder
+    from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
 
     if opset < 18:
         raise ValueError(f"opset must be >= 18, got {opset}")
@@ -88,7 +88,7 @@ def export_stateful_onnx(decoder, path: str, opset: int = 18, example_batch: int
                           dynamic_axes=dyn)
     onnx.checker.check_model(onnx.load(path))
     if trt_fusion_barrier:
-        from qwen3_tts_triton.onnx_export import apply_trt_fusion_barrier_file
+        from triton_qwen3_tts.export.codec_onnx import apply_trt_fusion_barrier_file
 
         apply_trt_fusion_barrier_file(path, path)
     return path
@@ -109,7 +109,7 @@ def check_stateful_parity(decoder, path: str, schedule: Sequence[int] = DEFAULT_
     ORT) vs PyTorch whole decode; and rows at different positions batched vs solo ORT calls."""
     import torch
 
-    from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder
+    from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
 
     sd = StatefulCodecDecoder(decoder.float().eval())
     sess = session or ort_session(path)
@@ -156,12 +156,12 @@ def _load(args):
     import torch
 
     if args.checkpoint:
-        from qwen3_tts_triton.onnx_export import load_decoder_from_checkpoint
+        from triton_qwen3_tts.export.codec_onnx import load_decoder_from_checkpoint
 
         return load_decoder_from_checkpoint(args.checkpoint)[0]
-    from qwen3_tts_triton import presets
-    from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights
-    from qwen3_tts_triton.config import CodecDecoderConfig
+    from triton_qwen3_tts.model import presets
+    from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights
+    from triton_qwen3_tts.model.config import CodecDecoderConfig
 
     cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config(args.preset)["decoder_config"])
     return init_random_codec_weights(CodecDecoder(cfg), args.seed).float().eval().to(torch.device("cpu"))

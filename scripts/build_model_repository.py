@@ -4,7 +4,7 @@
   python scripts/build_model_repository.py --checkpoint DIR --out build/model_repository \
       [--codec-backend tensorrt|python] [--device gpu|cpu] [--engine vllm|native] [--plan model.plan] ...
 
-Every setting of qwen3_tts_triton.serving.repository.RepositorySettings is a flag (underscores
+Every setting of triton_qwen3_tts.serving.repository.RepositorySettings is a flag (underscores
 become dashes); `--help` lists them with their defaults. Fails if any template placeholder is left
 unfilled.
 """
@@ -14,7 +14,7 @@ import dataclasses
 import json
 import sys
 
-from qwen3_tts_triton.serving.repository import RepositoryError, RepositorySettings, build_repository
+from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
 
 
 def main(argv=None) -> int:

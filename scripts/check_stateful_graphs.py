@@ -32,12 +32,12 @@ TOLERANCES = {"float32": 1e-4, "bfloat16": 3e-2, "float16": 3e-2}
 
 def _load(args, torch):
     if args.checkpoint:
-        from qwen3_tts_triton.serving.codec_runtime import load_codec_decoder
+        from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder
 
         return load_codec_decoder(args.checkpoint, "cpu", torch.float32)[0]
-    from qwen3_tts_triton import presets
-    from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights
-    from qwen3_tts_triton.config import CodecDecoderConfig
+    from triton_qwen3_tts.model import presets
+    from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights
+    from triton_qwen3_tts.model.config import CodecDecoderConfig
 
     cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config(args.preset)["decoder_config"])
     return init_random_codec_weights(CodecDecoder(cfg), args.seed).float().eval()
@@ -63,8 +63,8 @@ def main(argv=None) -> int:
 
     import torch
 
-    from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder
-    from qwen3_tts_triton.serving.stateful_graphs import StatefulGraphRunner, batch_buckets_for, graph_key
+    from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
+    from triton_qwen3_tts.serving.codec.graphs import StatefulGraphRunner, batch_buckets_for, graph_key
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: --device cuda but CUDA is not available", file=sys.stderr)

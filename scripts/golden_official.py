@@ -2,7 +2,7 @@
 """Golden parity fixtures from the OFFICIAL Qwen3-TTS implementation (qwen-tts==0.1.1).
 
 Runs INSIDE the golden venv (.venv-golden, made by scripts/make_golden.py). It must not import
-our package (qwen3_tts_triton): the fixtures it writes are the yardstick our code is tested
+our package (triton_qwen3_tts): the fixtures it writes are the yardstick our code is tested
 against (tests/test_golden_parity.py). See docs/golden.md.
 
     python scripts/golden_official.py --checkpoints DIR --out tests/fixtures

@@ -12,9 +12,9 @@ for dt in float32 bfloat16; do
 done
 python3 - <<'PY' 2>&1 | tee "$OUT/window_error_real.txt"
 import torch
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.config import CodecDecoderConfig
-from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights, measure_window_error
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.config import CodecDecoderConfig
+from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights, measure_window_error
 torch.backends.cuda.matmul.allow_tf32 = False; torch.backends.cudnn.allow_tf32 = False
 cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config("1.7b-customvoice")["decoder_config"])
 dec = init_random_codec_weights(CodecDecoder(cfg), 0).cuda().eval()

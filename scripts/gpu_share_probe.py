@@ -80,11 +80,11 @@ def _load_role(args) -> int:
 
 
 def _codec_runner(args, torch):
-    from qwen3_tts_triton import presets
-    from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights
-    from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder
-    from qwen3_tts_triton.config import CodecDecoderConfig
-    from qwen3_tts_triton.serving.stateful_graphs import StatefulGraphRunner
+    from triton_qwen3_tts.model import presets
+    from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights
+    from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
+    from triton_qwen3_tts.model.config import CodecDecoderConfig
+    from triton_qwen3_tts.serving.codec.graphs import StatefulGraphRunner
 
     cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config(args.preset)["decoder_config"])
     dec = init_random_codec_weights(CodecDecoder(cfg), 0).to("cuda", torch.bfloat16).eval()

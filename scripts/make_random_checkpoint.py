@@ -6,7 +6,7 @@
     python scripts/make_random_checkpoint.py --list
 
 The same preset and seed always give byte-identical files. Real sizes are streamed tensor by
-tensor (bounded memory; see qwen3_tts_triton/random_checkpoint.py for the value rules).
+tensor (bounded memory; see triton_qwen3_tts/tools/random_checkpoint.py for the value rules).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qwen3_tts_triton import presets  # noqa: E402
-from qwen3_tts_triton.random_checkpoint import preset_summary, write_random_checkpoint  # noqa: E402
+from triton_qwen3_tts.model import presets  # noqa: E402
+from triton_qwen3_tts.tools.random_checkpoint import preset_summary, write_random_checkpoint  # noqa: E402
 
 
 def _gb(n: int) -> str:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print the stub profiles written with QWEN3_TTS_PROFILE_DIR (qwen3_tts_triton/profiling.py).
+"""Print the stub profiles written with QWEN3_TTS_PROFILE_DIR (triton_qwen3_tts/serving/profiling.py).
 
     python scripts/profile_report.py DIR [--stacks 3]
 

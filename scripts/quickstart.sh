@@ -63,7 +63,7 @@ wait_ready() {  # url timeout alive-check-command...
 if [ "$mode" = docker ]; then
   command -v docker >/dev/null || { log "docker not found (use --cpu for the CPU stack)"; exit 1; }
   dockerfile=$root/Dockerfile; [ "$cu" = 12 ] && dockerfile=$root/Dockerfile.cu12
-  image=${QUICKSTART_IMAGE:-qwen3-tts-triton:cu$cu}
+  image=${QUICKSTART_IMAGE:-triton-qwen3-tts:cu$cu}
   name=qwen3-tts-quickstart-$$
   log "building $image from $(basename "$dockerfile") (first build downloads the Triton base image and vLLM: many GB)"
   docker build -f "$dockerfile" -t "$image" "$root"
@@ -85,7 +85,7 @@ if [ "$mode" = docker ]; then
     docker logs --tail 80 "$name" >&2 || true
     exit 1
   fi
-  docker exec "$name" python3 -m qwen3_tts_triton.client --text "$text" --out /tmp/hello.wav
+  docker exec "$name" python3 -m triton_qwen3_tts.tools.client --text "$text" --out /tmp/hello.wav
   docker cp "$name:/tmp/hello.wav" "$out"
   log "wrote $out"
   exit 0
@@ -141,7 +141,7 @@ print(*[s.getsockname()[1] for s in ss]); [s.close() for s in ss]")
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
 export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
 rm -f "$work/tritonserver.log"
-"$py" -m qwen3_tts_triton.launcher --model-repository "$work/repo" --http-port "$http" --grpc-port "$grpc" \
+"$py" -m triton_qwen3_tts.tools.launcher --model-repository "$work/repo" --http-port "$http" --grpc-port "$grpc" \
   --metrics-port "$metrics" --log "$work/tritonserver.log" > "$work/launcher.log" 2>&1 &
 server_pid=$!
 stop_server() {
@@ -161,7 +161,7 @@ fi
 client_args=(--url "127.0.0.1:$grpc" --text "$text" --out "$out")
 # random weights never stop on their own: cap the length
 [ "$random_ckpt" = 1 ] && client_args+=(--max-frames 40)
-"$py" -m qwen3_tts_triton.client "${client_args[@]}"
+"$py" -m triton_qwen3_tts.tools.client "${client_args[@]}"
 "$py" - "$out" <<'PY'
 import sys
 import soundfile as sf

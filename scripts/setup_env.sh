@@ -25,7 +25,7 @@ pip install -q --no-warn-conflicts -r "$root/requirements/cpu-2-stub.txt"
 pip install -q --no-warn-conflicts -r "$root/requirements/cpu-3-serving.txt"
 pip install -q --no-warn-conflicts --no-deps -e "$root"
 "$venv/bin/python" - <<'PY'
-import numpy, torch, vllm, transformers, onnxruntime, tritonclient.grpc, qwen3_tts_triton
+import numpy, torch, vllm, transformers, onnxruntime, tritonclient.grpc, triton_qwen3_tts
 assert numpy.__version__.startswith("1."), numpy.__version__
 print("env ok: torch", torch.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__, "numpy", numpy.__version__)
 PY

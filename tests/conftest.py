@@ -29,10 +29,12 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, str(MAX_THREADS))
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGE = ROOT / "qwen3_tts_triton"
+PACKAGE = ROOT / "triton_qwen3_tts"
 # Source files whose content defines the bytes of a random checkpoint.
-_LAYOUT_SOURCES = ("presets.py", "config.py", "random_checkpoint.py", "talker.py",
-                   "speaker_encoder.py", "codec.py", "codec_encoder.py", "text.py")
+# The sources a random checkpoint's bytes depend on: a change to one of them rewrites the cached copy.
+_LAYOUT_SOURCES = ("model/presets.py", "model/config.py", "model/tensor_specs.py", "tools/random_checkpoint.py",
+                   "model/talker.py", "model/speaker_encoder.py", "model/codec.py", "model/codec_encoder.py",
+                   "model/text.py")
 TINY_SEED = 0
 
 
@@ -69,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def _fingerprint(preset: str, seed: int) -> str:
-    from qwen3_tts_triton import presets
+    from triton_qwen3_tts.model import presets
 
     h = hashlib.sha256()
     h.update(json.dumps([preset, seed, presets.main_config(preset),
@@ -77,20 +79,15 @@ def _fingerprint(preset: str, seed: int) -> str:
     for name in _LAYOUT_SOURCES:
         p = PACKAGE / name
         h.update(name.encode())
-        h.update(p.read_bytes() if p.exists() else b"<absent>")
+        h.update(p.read_bytes())
     return h.hexdigest()[:16]
 
 
 def make_tiny_checkpoint(preset: str, base_dir: Path, seed: int = TINY_SEED) -> Path:
     """Write (or reuse) the random checkpoint of ``preset`` under ``base_dir``; return its path.
 
-    Skips the calling test, naming the module, when a module the layout needs does not exist yet.
     """
-    missing = [m for m in ("talker.py", "codec.py", "codec_encoder.py", "text.py")
-               if not (PACKAGE / m).exists()]
-    if missing:
-        pytest.skip(f"tiny checkpoint needs qwen3_tts_triton/{', '.join(missing)} (not written yet)")
-    from qwen3_tts_triton.random_checkpoint import write_random_checkpoint
+    from triton_qwen3_tts.tools.random_checkpoint import write_random_checkpoint
 
     _cap_torch_threads()
 

@@ -21,8 +21,8 @@ def free_ports(n):
 def start_tts_server(checkpoint, work, **settings):
     """Build a CPU repository for ``checkpoint`` (Python codec) and start the real server on it.
     ``settings`` override RepositorySettings fields. Returns the server; call ``.stop()``."""
-    from qwen3_tts_triton import launcher
-    from qwen3_tts_triton.serving.repository import RepositorySettings, build_repository
+    from triton_qwen3_tts.tools import launcher
+    from triton_qwen3_tts.serving.repository import RepositorySettings, build_repository
 
     # small limits: the talker context sized from them (max_model_len 0 = from the limits) fits the
     # tiny checkpoint's 4096 positions (vLLM refuses more): 400 frames after 500 + 200 characters
@@ -42,10 +42,10 @@ def start_tts_server(checkpoint, work, **settings):
 
 def make_reference(checkpoint):
     """Greedy frames of the reference model and their whole-utterance decode, memoised."""
-    from qwen3_tts_triton.checkpoint import load_checkpoint
-    from qwen3_tts_triton.generate import generate_codes
-    from qwen3_tts_triton.prompt import PromptRequest, build_prompt, embed_prompt
-    from qwen3_tts_triton.sampling import SamplingParams
+    from triton_qwen3_tts.model.checkpoint import load_checkpoint
+    from triton_qwen3_tts.model.generate import generate_codes
+    from triton_qwen3_tts.model.prompt import PromptRequest, build_prompt, embed_prompt
+    from triton_qwen3_tts.model.sampling import SamplingParams
 
     ck = load_checkpoint(checkpoint, dtype=torch.float32)
     talker = ck.model.talker
@@ -79,7 +79,7 @@ def server_state(server):
 
 
 def synth(server, **kw):
-    from qwen3_tts_triton.client import StreamingClient
+    from triton_qwen3_tts.tools.client import StreamingClient
 
     with StreamingClient(server.grpc_url) as c:
         return c.synthesize(timeout=120, **kw)

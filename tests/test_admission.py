@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from qwen3_tts_triton.serving.admission import Admission, AdmissionConfig, Overloaded
+from triton_qwen3_tts.serving.tts.admission import Admission, AdmissionConfig, Overloaded
 
 
 def run(coro):

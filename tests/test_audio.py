@@ -1,4 +1,4 @@
-"""Tests for qwen3_tts_triton.audio: Slaney filterbank, log-mel, resampling, validation."""
+"""Tests for triton_qwen3_tts.model.audio: Slaney filterbank, log-mel, resampling, validation."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from qwen3_tts_triton import audio
-from qwen3_tts_triton.audio import (AudioError, hann_window, mel_filterbank, mel_spectrogram,
+from triton_qwen3_tts.model import audio
+from triton_qwen3_tts.model.audio import (AudioError, hann_window, mel_filterbank, mel_spectrogram,
                                     num_mel_frames, prepare_reference_audio, resample,
                                     validate_reference_audio)
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qwen3_tts_triton import bench_metrics as bm
-from qwen3_tts_triton.client import Synthesis
+from triton_qwen3_tts.tools import bench_metrics as bm
+from triton_qwen3_tts.tools.client import Synthesis
 
 ROOT = Path(__file__).resolve().parents[1]
 SR = 24000
 
 
 def test_module_does_not_import_tritonclient():
-    code = ("import sys; import qwen3_tts_triton.bench_metrics; "
+    code = ("import sys; import triton_qwen3_tts.tools.bench_metrics; "
             "assert not any(m.startswith('tritonclient') for m in sys.modules), 'tritonclient imported'")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
@@ -172,7 +172,7 @@ class FakeClient:
         return rid
 
     def receive(self, rid, t_send, timeout=300.0):
-        from qwen3_tts_triton.client import TtsError
+        from triton_qwen3_tts.tools.client import TtsError
 
         inputs = self.pending.pop(rid)
         text = inputs["text"][0].decode()

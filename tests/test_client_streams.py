@@ -24,7 +24,7 @@ tritonclient_grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.grpc import InferResult, service_pb2  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from qwen3_tts_triton import client as cl  # noqa: E402
+from triton_qwen3_tts.tools import client as cl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 URL = "127.0.0.1:9"
@@ -265,8 +265,8 @@ def test_duplicate_request_id_is_refused(fake):
 # --- the CLI -----------------------------------------------------------------------------------
 
 def test_cli_help_lists_the_allowed_values(capsys):
-    from qwen3_tts_triton import presets
-    from qwen3_tts_triton.serving.request import SAMPLE_FORMATS, TASK_TYPES
+    from triton_qwen3_tts.model import presets
+    from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES
 
     with pytest.raises(SystemExit) as e:
         cl.main(["--help"])
@@ -383,7 +383,7 @@ def test_benchmark_drained_level_and_underrun_percentage(fake, tmp_path):
 
 
 def test_table_shows_underruns_as_a_percentage_of_requests():
-    from qwen3_tts_triton import bench_metrics as bm
+    from triton_qwen3_tts.tools import bench_metrics as bm
 
     bs = load_benchmark()
     smooth = [(0.1, 24000), (0.5, 24000)]

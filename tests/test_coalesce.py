@@ -5,10 +5,10 @@ import asyncio
 import numpy as np
 import pytest
 
-from qwen3_tts_triton.serving.coalesce import FrameCoalescer, check_response_frames
-from qwen3_tts_triton.serving.request import RequestError
-from qwen3_tts_triton.serving.talker_service import TalkerService
-from qwen3_tts_triton.streaming import ChunkScheduler, ScheduleConfig
+from triton_qwen3_tts.serving.talker.coalesce import FrameCoalescer, check_response_frames
+from triton_qwen3_tts.serving.tts.request import RequestError
+from triton_qwen3_tts.serving.talker.service import TalkerService
+from triton_qwen3_tts.serving.tts.chunks import ChunkScheduler, ScheduleConfig
 
 SIZES = [2, 4, 8, 16, 25]
 
@@ -68,7 +68,7 @@ def test_a_response_leaves_as_soon_as_its_chunk_is_complete():
 @pytest.mark.parametrize("arrivals", [[1] * 137, [3, 1, 7, 20, 2, 27, 77], [137]])
 def test_sizes_match_the_tts_chunk_schedule(arrivals):
     """With the tts's own schedule as sizes, every talker response completes whole chunks."""
-    from qwen3_tts_triton.serving.tts_service import schedule_sizes
+    from triton_qwen3_tts.serving.tts.service import schedule_sizes
 
     cfg = ScheduleConfig()
     c, sched = FrameCoalescer(schedule_sizes(cfg)), ChunkScheduler(cfg)

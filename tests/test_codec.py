@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights, measure_window_error
-from qwen3_tts_triton.config import CodecDecoderConfig
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights, measure_window_error
+from triton_qwen3_tts.model.config import CodecDecoderConfig
 
 SPF = 1920
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,9 +212,9 @@ _PARITY = textwrap.dedent('''
         m = types.ModuleType(name); m.__path__ = [src + "/qwen_tts" + sub]; sys.modules[name] = m
     mod = importlib.import_module("qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2")
     conf = importlib.import_module("qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2")
-    from qwen3_tts_triton import presets
-    from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights
-    from qwen3_tts_triton.config import CodecDecoderConfig
+    from triton_qwen3_tts.model import presets
+    from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights
+    from triton_qwen3_tts.model.config import CodecDecoderConfig
     d = presets.speech_tokenizer_config("tiny")["decoder_config"]
     ours = init_random_codec_weights(CodecDecoder(CodecDecoderConfig.from_dict(d)), 0).eval()
     oc = conf.Qwen3TTSTokenizerV2DecoderConfig(**d); oc._attn_implementation = "eager"

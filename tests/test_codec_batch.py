@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from qwen3_tts_triton.serving.codec_batch import bucket, check_codes, decode_batched
+from triton_qwen3_tts.serving.codec.batch import bucket, check_codes, decode_batched
 
 SPF = 4  # small samples-per-frame for the fake decoder
 

@@ -1,4 +1,4 @@
-"""Tests for qwen3_tts_triton.codec_encoder (speech-tokenizer encoder, spec 5.6/5.7/6.3)."""
+"""Tests for triton_qwen3_tts.model.codec_encoder (speech-tokenizer encoder, spec 5.6/5.7/6.3)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from qwen3_tts_triton.codec_encoder import (CodecEncoder, build_codec_encoder, encode_reference,
+from triton_qwen3_tts.model.codec_encoder import (CodecEncoder, build_codec_encoder, encode_reference,
                                             init_random_encoder_weights)
-from qwen3_tts_triton.config import SpeechTokenizerConfig
-from qwen3_tts_triton.presets import speech_tokenizer_config
+from triton_qwen3_tts.model.config import SpeechTokenizerConfig
+from triton_qwen3_tts.model.presets import speech_tokenizer_config
 
 
 def _st(name: str) -> SpeechTokenizerConfig:

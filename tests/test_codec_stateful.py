@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights
-from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder, bench_modes
-from qwen3_tts_triton.config import CodecDecoderConfig
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights
+from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder, bench_modes
+from triton_qwen3_tts.model.config import CodecDecoderConfig
 
 SPF = 1920
 ATOL = 1e-5

@@ -130,10 +130,10 @@ def test_entrypoint_parses_and_matches_script_flags():
         assert script in text
         src = (ROOT / script).read_text()
         if script.endswith("build_model_repository.py"):
-            src += (ROOT / "qwen3_tts_triton" / "serving" / "repository.py").read_text().replace("_", "-")
+            src += (ROOT / "triton_qwen3_tts" / "serving" / "repository.py").read_text().replace("_", "-")
         for f in flags:
             assert f in src or f.lstrip("-") in src, f"{script} does not accept {f}"
-    launcher = (ROOT / "qwen3_tts_triton" / "launcher.py").read_text()
+    launcher = (ROOT / "triton_qwen3_tts" / "tools" / "launcher.py").read_text()
     for f in ("--model-repository", "--address", "--server", "--log"):
         assert f in text and f'"{f}"' in launcher
 

@@ -8,20 +8,20 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.config import Qwen3TTSConfig
-from qwen3_tts_triton.engine import EngineError, check_prompt_frames_trailing
-from qwen3_tts_triton.prompt import PromptError, validate_request
-from qwen3_tts_triton.serving.admission import Overloaded
-from qwen3_tts_triton.serving.errors import (
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.engines.base import EngineError, check_prompt_frames_trailing
+from triton_qwen3_tts.model.prompt import PromptError, validate_request
+from triton_qwen3_tts.serving.tts.admission import Overloaded
+from triton_qwen3_tts.serving.errors import (
     CODE_NAMES, DownstreamError, as_request_error, code_name_of, downstream_error, error_code_name,
     parse_error_message)
-from qwen3_tts_triton.serving.faults import Unavailable
-from qwen3_tts_triton.serving.model_config import TtsModelConfig
-from qwen3_tts_triton.serving.pipeline import Cancelled
-from qwen3_tts_triton.serving.request import RequestError
-from qwen3_tts_triton.serving.talker_service import TalkerService
-from qwen3_tts_triton.serving.tts_service import TtsService
+from triton_qwen3_tts.serving.faults import Unavailable
+from triton_qwen3_tts.serving.model_config import TtsModelConfig
+from triton_qwen3_tts.serving.tts.pipeline import Cancelled
+from triton_qwen3_tts.serving.tts.request import RequestError
+from triton_qwen3_tts.serving.talker.service import TalkerService
+from triton_qwen3_tts.serving.tts.service import TtsService
 from test_tts_service import Sender  # the tts tests' recording sender
 
 TINY = Qwen3TTSConfig.from_dict(presets.main_config("tiny"))

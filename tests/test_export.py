@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qwen3_tts_triton import onnx_export as ox
-from qwen3_tts_triton.onnx_export import (
+from triton_qwen3_tts.export import codec_onnx as ox
+from triton_qwen3_tts.export.codec_onnx import (
     EXIT_NO_TENSORRT,
     INPUT_NAME,
     OUTPUT_NAME,
@@ -50,11 +50,11 @@ def _run(args, timeout=600, env_extra=None):
 
 @pytest.fixture(scope="module")
 def tiny_decoder():
-    codec = pytest.importorskip("qwen3_tts_triton.codec", reason="qwen3_tts_triton/codec.py not written yet")
+    codec = importlib.import_module("triton_qwen3_tts.model.codec")
     import torch
 
-    from qwen3_tts_triton.config import SpeechTokenizerConfig
-    from qwen3_tts_triton.presets import speech_tokenizer_config
+    from triton_qwen3_tts.model.config import SpeechTokenizerConfig
+    from triton_qwen3_tts.model.presets import speech_tokenizer_config
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     cfg = SpeechTokenizerConfig.from_dict(speech_tokenizer_config("tiny")).decoder
@@ -376,11 +376,11 @@ def test_trt_build_and_parity_on_tiny_export(tiny_onnx, tmp_path):
 @pytest.mark.slow
 def test_real_size_export_and_parity(tmp_path):
     """The real 114M-parameter decoder (random weights): export, barrier no-op, ORT parity."""
-    codec = pytest.importorskip("qwen3_tts_triton.codec", reason="qwen3_tts_triton/codec.py not written yet")
+    codec = importlib.import_module("triton_qwen3_tts.model.codec")
     import torch
 
-    from qwen3_tts_triton.config import SpeechTokenizerConfig
-    from qwen3_tts_triton.presets import speech_tokenizer_config
+    from triton_qwen3_tts.model.config import SpeechTokenizerConfig
+    from triton_qwen3_tts.model.presets import speech_tokenizer_config
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     cfg = SpeechTokenizerConfig.from_dict(speech_tokenizer_config("1.7b-customvoice")).decoder

@@ -68,7 +68,7 @@ def _check_same_checkpoint(path: Path, preset: str) -> None:
 @pytest.fixture(scope="module")
 def ckpt(request, tmp_path_factory):
     """``ckpt(preset)`` -> our LoadedCheckpoint (fp32) of the manifest's preset + seed."""
-    from qwen3_tts_triton.checkpoint import load_checkpoint
+    from triton_qwen3_tts.model.checkpoint import load_checkpoint
 
     cache = {}
 
@@ -78,7 +78,7 @@ def ckpt(request, tmp_path_factory):
             if seed == CONFTEST_SEED:
                 path = Path(request.getfixturevalue(_CKPT_FIXTURE[preset]))
             else:
-                from qwen3_tts_triton.random_checkpoint import write_random_checkpoint
+                from triton_qwen3_tts.tools.random_checkpoint import write_random_checkpoint
                 path = tmp_path_factory.mktemp("golden") / preset
                 write_random_checkpoint(preset, path, seed, progress=False)
             _check_same_checkpoint(path, preset)
@@ -97,7 +97,7 @@ def _maxabs(a, b) -> float:
 
 
 def _request(case, golden):
-    from qwen3_tts_triton.prompt import PromptRequest
+    from triton_qwen3_tts.model.prompt import PromptRequest
 
     kw = case["kwargs"]
     xvec = bool(kw.get("x_vector_only_mode", False))
@@ -113,7 +113,7 @@ def _request(case, golden):
 def _our_prompt(case, golden, ck):
     """Our (prompt_embeds [L, D], trailing [N, D], tts_pad [D]) for a case. Base cases get the
     official speaker embedding (its own parity is tested separately)."""
-    from qwen3_tts_triton.prompt import build_prompt, embed_prompt
+    from triton_qwen3_tts.model.prompt import build_prompt, embed_prompt
 
     layout = build_prompt(ck.config, ck.tokenizer, _request(case, golden))
     spk = None
@@ -132,7 +132,7 @@ def _queue(trailing: np.ndarray, pad: np.ndarray, n: int) -> np.ndarray:
 
 
 def _greedy(ck, max_new_tokens):
-    from qwen3_tts_triton.sampling import SamplingParams
+    from triton_qwen3_tts.model.sampling import SamplingParams
 
     return SamplingParams.from_defaults(ck.generation, do_sample=False, subtalker_dosample=False,
                                         max_new_tokens=max_new_tokens)
@@ -143,7 +143,7 @@ def _greedy(ck, max_new_tokens):
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_text_token_ids(name, ckpt):
-    from qwen3_tts_triton import text as text_mod
+    from triton_qwen3_tts.model import text as text_mod
 
     case = CASES[name]
     ck = ckpt(case["checkpoint"])
@@ -174,7 +174,7 @@ def test_prompt_embeddings(name, golden, ckpt):
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_codes_from_official_prompt(name, golden, ckpt):
     """Our generation loop fed the official prefill/trailing tensors: identical codes."""
-    from qwen3_tts_triton.generate import generate_codes
+    from triton_qwen3_tts.model.generate import generate_codes
 
     case = CASES[name]
     ck = ckpt(case["checkpoint"])
@@ -190,7 +190,7 @@ def test_greedy_codes_from_official_prompt(name, golden, ckpt):
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_codes(name, golden, ckpt):
     """End to end from the request: our prompt + our loop == official greedy codes."""
-    from qwen3_tts_triton.generate import generate_codes
+    from triton_qwen3_tts.model.generate import generate_codes
 
     case = CASES[name]
     ck = ckpt(case["checkpoint"])
@@ -212,7 +212,7 @@ def test_decoder_waveform(golden, ckpt):
 
 
 def test_speaker_embedding(golden, ckpt):
-    from qwen3_tts_triton.speaker_encoder import extract_speaker_embedding
+    from triton_qwen3_tts.model.speaker_encoder import extract_speaker_embedding
 
     meta = _MANIFEST["speaker_embedding"]
     ck = ckpt(meta["checkpoint"])
@@ -222,10 +222,7 @@ def test_speaker_embedding(golden, ckpt):
 
 
 def test_reference_codes(golden, ckpt):
-    try:
-        from qwen3_tts_triton.codec_encoder import encode_reference
-    except ImportError as e:  # pragma: no cover - module not written yet
-        pytest.skip(f"qwen3_tts_triton.codec_encoder missing: {e}")
+    from triton_qwen3_tts.model.codec_encoder import encode_reference
     meta = _MANIFEST["ref_codes"]
     ck = ckpt(meta["checkpoint"])
     codes = encode_reference(ck.encoder, golden[meta["wav_key"]])

@@ -6,7 +6,7 @@ import textwrap
 import pytest
 from system_support import free_ports
 
-from qwen3_tts_triton import launcher
+from triton_qwen3_tts.tools import launcher
 
 pytestmark = pytest.mark.system
 

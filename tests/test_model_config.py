@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from qwen3_tts_triton.serving.model_config import (
+from triton_qwen3_tts.serving.model_config import (
     CodecModelConfig, ModelConfigError, TalkerModelConfig, TtsModelConfig, parameters_from_model_config)
 
 
@@ -48,7 +48,7 @@ def test_codec_and_tts():
 
 
 def test_talker_native_knobs():
-    from qwen3_tts_triton.serving.model_config import ModelConfigError, TalkerModelConfig
+    from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
 
     cfg = TalkerModelConfig.from_parameters({"checkpoint": "ck", "engine": "native", "native_compile": "true",
                                              "native_batch_buckets": "1,8,32,64"})

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from qwen3_tts_triton.checkpoint import load_checkpoint
-from qwen3_tts_triton.engine import EngineError, TalkerRequest
-from qwen3_tts_triton.generate import generate_codes
-from qwen3_tts_triton.native_engine import NativeEngine, NativeEngineConfig, gumbel_noise
-from qwen3_tts_triton.sampling import SamplingParams
+from triton_qwen3_tts.model.checkpoint import load_checkpoint
+from triton_qwen3_tts.engines.base import EngineError, TalkerRequest
+from triton_qwen3_tts.model.generate import generate_codes
+from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig, gumbel_noise
+from triton_qwen3_tts.model.sampling import SamplingParams
 
 MAX_LEN = 96
 

@@ -1,4 +1,4 @@
-"""The stub profiler (qwen3_tts_triton/profiling.py) and its report script: pure Python, no Triton."""
+"""The stub profiler (triton_qwen3_tts/serving/profiling.py) and its report script: pure Python, no Triton."""
 
 import json
 import subprocess
@@ -6,7 +6,7 @@ import sys
 import threading
 from pathlib import Path
 
-from qwen3_tts_triton import profiling
+from triton_qwen3_tts.serving import profiling
 
 ROOT = Path(__file__).resolve().parents[1]
 

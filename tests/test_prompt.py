@@ -12,9 +12,9 @@ import re
 import numpy as np
 import pytest
 
-from qwen3_tts_triton.config import Qwen3TTSConfig
-from qwen3_tts_triton.presets import main_config
-from qwen3_tts_triton.prompt import (PromptError, PromptLayout, PromptRequest, build_prompt,
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.model.presets import main_config
+from triton_qwen3_tts.model.prompt import (PromptError, PromptLayout, PromptRequest, build_prompt,
                                      embed_prompt, validate_request)
 
 IM_START, IM_END, ASSISTANT, USER, NL = 151644, 151645, 77091, 872, 198

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.serving.model_config import (
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.serving.model_config import (
     CodecModelConfig, TalkerModelConfig, TtsModelConfig)
-from qwen3_tts_triton.serving.repository import RepositoryError, RepositorySettings, build_repository
+from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

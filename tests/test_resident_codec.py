@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.config import Qwen3TTSConfig
-from qwen3_tts_triton.serving.errors import error_code_name
-from qwen3_tts_triton.serving.model_config import CodecModelConfig, ModelConfigError, TtsModelConfig
-from qwen3_tts_triton.serving.stateful_codec import (ResidentSession, StateCapacityError, StatePool,
-                                                     new_stream_id, parse_resident_request, run_resident_batch)
-from qwen3_tts_triton.serving.tts_service import Metrics, TtsService
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.serving.errors import error_code_name
+from triton_qwen3_tts.serving.model_config import CodecModelConfig, ModelConfigError, TtsModelConfig
+from triton_qwen3_tts.serving.codec.stateful import (StateCapacityError, StatePool, new_stream_id,
+                                                     parse_resident_request, run_resident_batch)
+from triton_qwen3_tts.serving.tts.codec_session import ResidentSession
+from triton_qwen3_tts.serving.tts.service import Metrics, TtsService
 from test_tts_service import Sender  # the recording fake Sender of the tts service tests
 
 SPF = 1920
@@ -27,9 +28,9 @@ SPF = 1920
 
 @pytest.fixture(scope="module")
 def tiny():
-    from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights
-    from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder
-    from qwen3_tts_triton.config import CodecDecoderConfig
+    from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights
+    from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
+    from triton_qwen3_tts.model.config import CodecDecoderConfig
 
     torch.manual_seed(0)
     cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config("tiny")["decoder_config"])
@@ -181,7 +182,7 @@ def test_run_resident_batch_is_exact_for_interleaved_streams(tiny):
 def test_run_resident_batch_through_the_graph_runner_padding_path(tiny):
     """The CUDA-graph runner's staging and zero-state padding (capture=False on CPU) reads the
     pool's gathered views, which are not contiguous across names."""
-    from qwen3_tts_triton.serving.stateful_graphs import StatefulGraphRunner
+    from triton_qwen3_tts.serving.codec.graphs import StatefulGraphRunner
 
     dec, sd, size = tiny
     runner = StatefulGraphRunner(sd, torch.device("cpu"), torch.float32, (1, 4), (2, 4, 8, 10), capture=False)
@@ -331,7 +332,7 @@ def test_resident_session_contract():
 
 
 def test_instance_count():
-    from qwen3_tts_triton.serving.model_config import instance_count
+    from triton_qwen3_tts.serving.model_config import instance_count
 
     assert instance_count({"instance_group": [{"kind": "KIND_MODEL", "count": 1}]}) == 1
     assert instance_count({"instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [0, 1]}]}) == 2
@@ -379,7 +380,7 @@ def test_codec_and_tts_config_state_parameters():
 
 
 def test_repository_resident_codec(tiny_checkpoint, tmp_path):
-    from qwen3_tts_triton.serving.repository import RepositoryError, RepositorySettings, build_repository
+    from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
     from test_repository import params
 
     def parse_pbtxt_parameters(text):  # as the codec model reads them (it drops the backend's own keys)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from qwen3_tts_triton.config import GenerationDefaults
-from qwen3_tts_triton.sampling import (SamplingParams, apply_repetition_penalty, apply_temperature,
+from triton_qwen3_tts.model.config import GenerationDefaults
+from triton_qwen3_tts.model.sampling import (SamplingParams, apply_repetition_penalty, apply_temperature,
                                        mask_eos_before_min_tokens, process_c0_logits, sample_c0,
                                        sample_residual, suppress_special_ids, top_k_filter, top_p_filter,
                                        warp_and_sample)
@@ -154,7 +154,7 @@ def test_gumbel_from_bits_is_finite_at_the_extremes():
     """The largest 24-bit draw gave u = 1.0 in float32 (1 - 2^-25 rounds up), i.e. +inf noise,
     and -inf (a suppressed or top-k-masked logit) + inf = NaN, which argmax picks: CI once saw
     the vLLM talker emit codebook-0 id 2587, a suppressed special id."""
-    from qwen3_tts_triton.sampling import gumbel_from_bits
+    from triton_qwen3_tts.model.sampling import gumbel_from_bits
 
     bits = torch.tensor([0, 1, 2**23, 2**24 - 2, 2**24 - 1], dtype=torch.int64)
     old = -torch.log(-torch.log((bits.to(torch.float32) + 0.5) * (1.0 / 16777216.0)))

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from qwen3_tts_triton.serving.request import RequestError, TtsLimits, parse_tts_request
+from triton_qwen3_tts.serving.tts.request import RequestError, TtsLimits, parse_tts_request
 
 
 def b(s):

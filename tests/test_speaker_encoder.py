@@ -1,4 +1,4 @@
-"""Tests for qwen3_tts_triton.speaker_encoder (ECAPA-TDNN, spec section 4)."""
+"""Tests for triton_qwen3_tts.model.speaker_encoder (ECAPA-TDNN, spec section 4)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import pytest
 import torch
 from torch import nn
 
-from qwen3_tts_triton.audio import mel_spectrogram
-from qwen3_tts_triton.config import Qwen3TTSConfig, SpeakerEncoderConfig
-from qwen3_tts_triton.presets import main_config
-from qwen3_tts_triton.speaker_encoder import (SpeakerEncoder, extract_speaker_embedding,
+from triton_qwen3_tts.model.audio import mel_spectrogram
+from triton_qwen3_tts.model.config import Qwen3TTSConfig, SpeakerEncoderConfig
+from triton_qwen3_tts.model.presets import main_config
+from triton_qwen3_tts.model.speaker_encoder import (SpeakerEncoder, extract_speaker_embedding,
                                               init_random_speaker_encoder_weights)
 
 

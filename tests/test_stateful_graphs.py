@@ -1,4 +1,4 @@
-"""CUDA-graph runner of the stateful codec (serving/stateful_graphs.py) and its config.
+"""CUDA-graph runner of the stateful codec (serving/codec/graphs.py) and its config.
 
 The graphs themselves need a GPU (scripts/check_stateful_graphs.py, run by the lead on an H100).
 Here the runner runs with ``capture=False``: the same staging into static buffers, zero-row
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from qwen3_tts_triton.serving.model_config import (DEFAULT_STATEFUL_FRAME_BUCKETS, CodecModelConfig,
+from triton_qwen3_tts.serving.model_config import (DEFAULT_STATEFUL_FRAME_BUCKETS, CodecModelConfig,
                                                    ModelConfigError)
-from qwen3_tts_triton.serving.stateful_codec import parse_request, run_batch, state_specs
-from qwen3_tts_triton.serving.stateful_graphs import (StatefulGraphRunner, batch_buckets_for, graph_key,
+from triton_qwen3_tts.serving.codec.stateful import parse_request, run_batch, state_specs
+from triton_qwen3_tts.serving.codec.graphs import (StatefulGraphRunner, batch_buckets_for, graph_key,
                                                       pad_state, slice_state, split_frames, stage_rows)
-from qwen3_tts_triton.streaming import ScheduleConfig
+from triton_qwen3_tts.serving.tts.chunks import ScheduleConfig
 
 TOL = 1e-6
 
@@ -92,8 +92,8 @@ def test_stage_pad_slice():
 
 @pytest.fixture(scope="module")
 def sd(tiny_checkpoint):
-    from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder
-    from qwen3_tts_triton.serving.codec_runtime import load_codec_decoder
+    from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
+    from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder
 
     dec, _ = load_codec_decoder(str(tiny_checkpoint), "cpu", torch.float32)
     return StatefulCodecDecoder(dec).eval()
@@ -238,7 +238,7 @@ def test_runner_arguments(sd):
 
 
 def test_repository_writes_the_stateful_frame_buckets(tiny_checkpoint, tmp_path):
-    from qwen3_tts_triton.serving.repository import RepositoryError, RepositorySettings, build_repository
+    from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
 
     def cfg(**kw):
         out = build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python",

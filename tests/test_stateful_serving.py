@@ -21,14 +21,13 @@ import numpy as np
 import pytest
 import torch
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.config import Qwen3TTSConfig
-from qwen3_tts_triton.serving.errors import error_code_name
-from qwen3_tts_triton.serving.model_config import ModelConfigError, TtsModelConfig
-from qwen3_tts_triton.serving.stateful_codec import (LiveCounter, StatefulSession, WindowedSession,
-                                                     config_io_blocks, group_by_frames, open_session, parse_request,
-                                                     run_batch, state_specs)
-from qwen3_tts_triton.serving.tts_service import Metrics, TtsService
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.serving.errors import error_code_name
+from triton_qwen3_tts.serving.model_config import ModelConfigError, TtsModelConfig
+from triton_qwen3_tts.serving.codec.stateful import config_io_blocks, group_by_frames, parse_request, run_batch, state_specs
+from triton_qwen3_tts.serving.tts.codec_session import LiveCounter, StatefulSession, WindowedSession, open_session
+from triton_qwen3_tts.serving.tts.service import Metrics, TtsService
 from system_support import batch_sizes, make_reference, metric, start_tts_server, synth
 
 SPF = 1920
@@ -119,9 +118,9 @@ def test_run_batch_respects_max_batch_and_multi_row_requests():
 
 
 def test_run_batch_with_the_tiny_stateful_decoder_is_exact():
-    from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights
-    from qwen3_tts_triton.codec_stateful import StatefulCodecDecoder
-    from qwen3_tts_triton.config import CodecDecoderConfig
+    from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights
+    from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
+    from triton_qwen3_tts.model.config import CodecDecoderConfig
 
     torch.manual_seed(0)
     cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config("tiny")["decoder_config"])
@@ -173,7 +172,7 @@ def test_config_io_blocks():
 
 
 def test_repository_codec_mode(tiny_checkpoint, tmp_path):
-    from qwen3_tts_triton.serving.repository import RepositoryError, RepositorySettings, build_repository
+    from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
 
     with pytest.raises(RepositoryError, match="codec_mode"):
         build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python",
@@ -400,7 +399,7 @@ def test_system_resident_codec_direct_requests(server, tiny_checkpoint):
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
-    from qwen3_tts_triton.checkpoint import load_codec_decoder
+    from triton_qwen3_tts.model.checkpoint import load_codec_decoder
 
     c = grpcclient.InferenceServerClient(server.grpc_url)
 
@@ -440,8 +439,8 @@ def test_system_stateful_stream_vs_the_windowed_path(server, reference, tiny_che
     path is measurably approximate and the comparison means something."""
     import torch
 
-    from qwen3_tts_triton.checkpoint import load_codec_decoder
-    from qwen3_tts_triton.streaming import ChunkScheduler, ScheduleConfig
+    from triton_qwen3_tts.model.checkpoint import load_codec_decoder
+    from triton_qwen3_tts.serving.tts.chunks import ChunkScheduler, ScheduleConfig
 
     codes, whole = reference(TEXT, frames=120)
     r = synth(server, text=TEXT, speaker="aiden", temperature=0.0, max_frames=120)
@@ -480,7 +479,7 @@ def test_system_stateful_concurrent_streams_batch(server, reference):
 @pytest.mark.system
 @pytest.mark.vllm
 def test_system_cancelled_streams_leave_no_codec_state(server):
-    from qwen3_tts_triton.client import StreamingClient, build_inputs
+    from triton_qwen3_tts.tools.client import StreamingClient, build_inputs
 
     cancelled0 = metric(server, "qwen3_tts_requests_cancelled_total")
     n = 50

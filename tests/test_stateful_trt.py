@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qwen3_tts_triton.onnx_export import EXIT_NO_TENSORRT, INPUT_NAME, OUTPUT_NAME, ShapeProfile, have_tensorrt
-from qwen3_tts_triton.stateful_trt import (STATEFUL_TOLERANCES, check_io, compare_state, expected_io,
+from triton_qwen3_tts.export.codec_onnx import EXIT_NO_TENSORRT, INPUT_NAME, OUTPUT_NAME, ShapeProfile, have_tensorrt
+from triton_qwen3_tts.export.stateful_trt import (STATEFUL_TOLERANCES, check_io, compare_state, expected_io,
                                            onnx_io_shapes, row_positions, state_io, stateful_decoder_meta,
                                            stateful_profile)
 
@@ -190,9 +190,9 @@ def tiny_stateful_onnx_pair(tmp_path_factory):
     pytest.importorskip("onnxruntime")
     import torch
 
-    from qwen3_tts_triton import presets
-    from qwen3_tts_triton.codec import CodecDecoder, init_random_codec_weights
-    from qwen3_tts_triton.config import CodecDecoderConfig
+    from triton_qwen3_tts.model import presets
+    from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights
+    from triton_qwen3_tts.model.config import CodecDecoderConfig
 
     torch.manual_seed(0)
     cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config("tiny")["decoder_config"])
@@ -213,7 +213,7 @@ def test_fusion_barrier_in_the_stateful_export_is_a_no_op(tiny_stateful_onnx_pai
     import onnx
     import onnxruntime as ort
 
-    from qwen3_tts_triton.onnx_export import count_barrier_nodes
+    from triton_qwen3_tts.export.codec_onnx import count_barrier_nodes
 
     barrier, plain = tiny_stateful_onnx_pair
     assert count_barrier_nodes(onnx.load(barrier)) == 6 and count_barrier_nodes(onnx.load(plain)) == 0
@@ -318,9 +318,9 @@ def _io_entries(text):
 def test_repository_tensorrt_stateful_codec(tiny_checkpoint, tmp_path):
     import re
 
-    from qwen3_tts_triton.serving.model_config import TtsModelConfig
-    from qwen3_tts_triton.serving.repository import RepositoryError, RepositorySettings, build_repository
-    from qwen3_tts_triton.serving.stateful_codec import state_specs_from_checkpoint
+    from triton_qwen3_tts.serving.model_config import TtsModelConfig
+    from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
+    from triton_qwen3_tts.serving.codec.stateful import state_specs_from_checkpoint
 
     plan = tmp_path / "stateful.plan"
     plan.write_bytes(b"not really a plan")
@@ -369,7 +369,7 @@ def test_repository_tensorrt_stateful_codec(tiny_checkpoint, tmp_path):
 
 
 def test_zero_state_inputs(sd_meta):
-    from qwen3_tts_triton.serving.stateful_codec import state_specs, zero_state_inputs
+    from triton_qwen3_tts.serving.codec.stateful import state_specs, zero_state_inputs
 
     specs = state_specs(sd_meta)
     z = zero_state_inputs(specs)
@@ -378,7 +378,7 @@ def test_zero_state_inputs(sd_meta):
         assert a.shape == (1,) + s.dims and not a.any()
         assert a.dtype == (np.float32 if s.is_float else np.int64)
     # the Python stateful model takes the same zero state as a first chunk (start not sent)
-    from qwen3_tts_triton.serving.stateful_codec import parse_request
+    from triton_qwen3_tts.serving.codec.stateful import parse_request
 
     req = parse_request(np.zeros((1, 2, 16), np.int64), None, dict(z), specs)
     assert req.state is not None and req.state["pos"].shape == (1,)

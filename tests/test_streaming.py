@@ -1,13 +1,14 @@
-"""Codec chunk schedule (qwen3_tts_triton.streaming): tiling, sizes, context, validation."""
+"""Codec chunk schedule (triton_qwen3_tts.serving.tts.chunks): tiling, sizes, context, validation."""
 
 from __future__ import annotations
 
+import importlib
 import random
 
 import numpy as np
 import pytest
 
-from qwen3_tts_triton.streaming import (
+from triton_qwen3_tts.serving.tts.chunks import (
     MAX_FRAMES,
     Chunk,
     ChunkScheduler,
@@ -230,9 +231,9 @@ def test_stream_decode_with_the_tiny_codec_decoder_matches_whole_decode():
     """With left context covering the whole prefix, stateless chunked decoding of the package's
     causal codec equals a whole-utterance decode up to float noise (spec 5.3)."""
     torch = pytest.importorskip("torch")
-    codec = pytest.importorskip("qwen3_tts_triton.codec")
-    from qwen3_tts_triton.config import SpeechTokenizerConfig
-    from qwen3_tts_triton.presets import speech_tokenizer_config
+    codec = importlib.import_module("triton_qwen3_tts.model.codec")
+    from triton_qwen3_tts.model.config import SpeechTokenizerConfig
+    from triton_qwen3_tts.model.presets import speech_tokenizer_config
 
     cfg = SpeechTokenizerConfig.from_dict(speech_tokenizer_config("tiny")).decoder
     dec = codec.CodecDecoder(cfg).eval()

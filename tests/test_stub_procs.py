@@ -3,7 +3,7 @@ stubs that died (with injected process lists; the real /proc is read for the cur
 
 import os
 
-from qwen3_tts_triton.stub_procs import Stub, StubWatch, find_stubs, is_alive, parse_stub_cmdline
+from triton_qwen3_tts.serving.stub_procs import Stub, StubWatch, find_stubs, is_alive, parse_stub_cmdline
 
 
 def _cmdline(model="talker", instance="talker_0_0", parent=123):

@@ -3,7 +3,7 @@
 import numpy as np
 import soundfile as sf
 
-from qwen3_tts_triton import synthesize
+from triton_qwen3_tts.tools import synthesize
 
 
 def test_customvoice_cli(tiny_checkpoint, tmp_path):

@@ -41,13 +41,13 @@ def server(tiny_base_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(tiny_base_checkpoint):
-    from qwen3_tts_triton.audio import resample
-    from qwen3_tts_triton.checkpoint import load_checkpoint
-    from qwen3_tts_triton.codec_encoder import encode_reference
-    from qwen3_tts_triton.generate import generate_codes
-    from qwen3_tts_triton.prompt import PromptRequest, build_prompt, embed_prompt
-    from qwen3_tts_triton.sampling import SamplingParams
-    from qwen3_tts_triton.speaker_encoder import extract_speaker_embedding
+    from triton_qwen3_tts.model.audio import resample
+    from triton_qwen3_tts.model.checkpoint import load_checkpoint
+    from triton_qwen3_tts.model.codec_encoder import encode_reference
+    from triton_qwen3_tts.model.generate import generate_codes
+    from triton_qwen3_tts.model.prompt import PromptRequest, build_prompt, embed_prompt
+    from triton_qwen3_tts.model.sampling import SamplingParams
+    from triton_qwen3_tts.model.speaker_encoder import extract_speaker_embedding
 
     ck = load_checkpoint(tiny_base_checkpoint, dtype=torch.float32, load_encoder=True)
     talker = ck.model.talker
@@ -122,7 +122,7 @@ def test_in_context_mode_streams_the_reference_synthesis_and_the_cache_skips_bot
 
 
 def test_lru_eviction_then_unknown_voice_id(server):
-    from qwen3_tts_triton.client import TtsError
+    from triton_qwen3_tts.tools.client import TtsError
 
     before = snapshot(server)
     for i in range(3):  # capacity 2: the third new voice evicts the least recently used one
@@ -156,7 +156,7 @@ BAD = [
 
 @pytest.mark.parametrize("inputs,field,msg", BAD, ids=[f"{f}-{m}" for _, f, m in BAD])
 def test_bad_references_get_invalid_arg_and_the_server_stays_ready(server, inputs, field, msg):
-    from qwen3_tts_triton.client import TtsError
+    from triton_qwen3_tts.tools.client import TtsError
 
     with pytest.raises(TtsError) as e:
         synth(server, text="hi", max_frames=2, **inputs)
@@ -167,7 +167,7 @@ def test_bad_references_get_invalid_arg_and_the_server_stays_ready(server, input
 
 def test_wrong_dtypes_are_refused(server):
     """Datatypes the client helper would not send: Triton refuses them against the config."""
-    from qwen3_tts_triton.client import StreamingClient, TtsError
+    from triton_qwen3_tts.tools.client import StreamingClient, TtsError
 
     def raw(**arrays):
         with StreamingClient(server.grpc_url) as c:

@@ -44,7 +44,7 @@ def first_response(server, **kw):
     """Send one request, wait for its first response and cancel the rest (random weights may not
     stop for thousands of frames). Returns the number of audio samples in it; raises TtsError
     when the request was refused."""
-    from qwen3_tts_triton.client import StreamingClient, TtsError, build_inputs
+    from triton_qwen3_tts.tools.client import StreamingClient, TtsError, build_inputs
 
     c = StreamingClient(server.grpc_url)
     try:
@@ -74,7 +74,7 @@ def test_longest_densest_text_is_served_with_the_default_max_frames(server):
 
 
 def test_over_limit_errors_name_their_field_once(server):
-    from qwen3_tts_triton.client import StreamingClient, TtsError
+    from triton_qwen3_tts.tools.client import StreamingClient, TtsError
 
     with pytest.raises(TtsError) as e:  # refused by the tts
         synth(server, text="hi", max_frames=4097)

@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from system_support import free_ports
 
-from qwen3_tts_triton.client import StreamingClient, TtsError, build_inputs
-from qwen3_tts_triton.stub_procs import find_stubs
+from triton_qwen3_tts.tools.client import StreamingClient, TtsError, build_inputs
+from triton_qwen3_tts.serving.stub_procs import find_stubs
 
 pytestmark = pytest.mark.system
 
@@ -34,14 +34,14 @@ TEXT = "Staying up is the first thing a speech server must do."
 
 
 class Supervised:
-    """``python -m qwen3_tts_triton.launcher`` on a CPU repository, its output collected."""
+    """``python -m triton_qwen3_tts.tools.launcher`` on a CPU repository, its output collected."""
 
     def __init__(self, repo, work):
         self.http, self.grpc, self.metrics_port = free_ports(3)
         self.log = str(work / "server.log")
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "qwen3_tts_triton.launcher", "--model-repository", repo,
+            [sys.executable, "-m", "triton_qwen3_tts.tools.launcher", "--model-repository", repo,
              "--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics_port),
              "--log", self.log, "--max-restarts", "2"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -93,7 +93,7 @@ class Supervised:
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
-    from qwen3_tts_triton.serving.repository import RepositorySettings, build_repository
+    from triton_qwen3_tts.serving.repository import RepositorySettings, build_repository
 
     work = tmp_path_factory.mktemp("resilience")
     repo = build_repository(RepositorySettings(

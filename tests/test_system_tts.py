@@ -49,7 +49,7 @@ def reference(tiny_checkpoint):
 
 
 def client(server):
-    from qwen3_tts_triton.client import StreamingClient
+    from triton_qwen3_tts.tools.client import StreamingClient
 
     return StreamingClient(server.grpc_url)
 
@@ -69,7 +69,7 @@ def assert_ready(server):
 
 
 def test_stream_equals_whole_decode_and_follows_schedule(server, reference):
-    from qwen3_tts_triton.streaming import ChunkScheduler, ScheduleConfig
+    from triton_qwen3_tts.serving.tts.chunks import ChunkScheduler, ScheduleConfig
 
     codes, whole = reference(TEXT, frames=40)
     responses0 = metric(server, "qwen3_tts_talker_responses_total")
@@ -141,7 +141,7 @@ BAD = [
 
 @pytest.mark.parametrize("inputs,field", BAD)
 def test_invalid_inputs_get_invalid_arg(server, inputs, field):
-    from qwen3_tts_triton.client import TtsError
+    from triton_qwen3_tts.tools.client import TtsError
 
     with pytest.raises(TtsError) as e:
         synth(server, **inputs)
@@ -152,7 +152,7 @@ def test_invalid_inputs_get_invalid_arg(server, inputs, field):
 
 def test_raw_invalid_utf8_wrong_dtype_and_shapes(server):
     """Inputs the client helper would not build: invalid UTF-8, wrong dtype, wrong shape."""
-    from qwen3_tts_triton.client import TtsError
+    from triton_qwen3_tts.tools.client import TtsError
 
     def raw(**arrays):
         with client(server) as c:
@@ -173,7 +173,7 @@ def test_raw_invalid_utf8_wrong_dtype_and_shapes(server):
 
 
 def test_cancelled_requests_abort_the_engine_and_leak_nothing(own_server):
-    from qwen3_tts_triton.client import StreamingClient, build_inputs
+    from triton_qwen3_tts.tools.client import StreamingClient, build_inputs
 
     server = own_server  # not the module's server: see the module docstring
 
@@ -201,7 +201,7 @@ def test_cancelled_requests_abort_the_engine_and_leak_nothing(own_server):
 
 
 def test_burst_beyond_admission_is_refused_quickly(server):
-    from qwen3_tts_triton.client import TtsError
+    from triton_qwen3_tts.tools.client import TtsError
 
     def one(i):
         t0 = time.perf_counter()
@@ -225,7 +225,7 @@ def test_burst_beyond_admission_is_refused_quickly(server):
 
 
 def test_http_generate_stream(server, reference):
-    from qwen3_tts_triton.client import synthesize_http
+    from triton_qwen3_tts.tools.client import synthesize_http
 
     _, whole = reference(TEXT, frames=40)
     r = synthesize_http(server.http_url, text=TEXT, speaker="aiden", temperature=0.0, max_frames=40)
@@ -307,7 +307,7 @@ def test_stub_profiles_and_ttfa_breakdown(server):
 def test_errors_are_attributed_to_their_own_request(server):
     """One client, a good and a bad request in flight together: the server's error (which
     tritonclient hands over without the request id) fails the bad request only."""
-    from qwen3_tts_triton.client import TtsError, build_inputs
+    from triton_qwen3_tts.tools.client import TtsError, build_inputs
 
     with client(server) as c:
         t0 = time.perf_counter()
@@ -320,11 +320,11 @@ def test_errors_are_attributed_to_their_own_request(server):
 
 
 def run_client_cli(*args):
-    """``python -m qwen3_tts_triton.client ARGS`` as a user runs it."""
+    """``python -m triton_qwen3_tts.tools.client ARGS`` as a user runs it."""
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "qwen3_tts_triton.client", *args],
+    return subprocess.run([sys.executable, "-m", "triton_qwen3_tts.tools.client", *args],
                           capture_output=True, text=True, timeout=120)
 
 

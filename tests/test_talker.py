@@ -11,18 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.config import Qwen3TTSConfig
-from qwen3_tts_triton.generate import generate_codes
-from qwen3_tts_triton.sampling import SamplingParams
-from qwen3_tts_triton.talker import Qwen3TTSModel, RMSNorm, init_random_weights
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.model.generate import generate_codes
+from triton_qwen3_tts.model.sampling import SamplingParams
+from triton_qwen3_tts.model.talker import Qwen3TTSModel, RMSNorm, init_random_weights
 
-try:
-    import qwen3_tts_triton.speaker_encoder  # noqa: F401
-
-    HAVE_SPK = True
-except ImportError:
-    HAVE_SPK = False
 
 EOS = 2150
 
@@ -54,8 +48,6 @@ SPEC = {
 
 @pytest.mark.parametrize("preset", sorted(SPEC))
 def test_real_size_counts_match_spec(preset):
-    if "base" in preset and not HAVE_SPK:
-        pytest.skip("speaker_encoder.py not available")
     model = Qwen3TTSModel.from_config(cfg(preset), device="meta")
     sd = model.state_dict()
     assert all(t.is_meta for t in sd.values())
@@ -101,7 +93,6 @@ def test_projection_variant_keys_and_shapes():
     assert sd["talker.text_projection.linear_fc2.weight"].shape == (96, 64)
 
 
-@pytest.mark.skipif(not HAVE_SPK, reason="speaker_encoder.py not available")
 def test_base_has_speaker_encoder_keys():
     keys = Qwen3TTSModel.on_meta(cfg("1.7b-base")).state_dict()
     assert "speaker_encoder.blocks.0.conv.weight" in keys and "speaker_encoder.fc.weight" in keys
@@ -307,7 +298,7 @@ def test_generate_kv_loop_equals_full_recompute(tiny):
     rows = [pe] + [(tiny.embed_frame(codes[g]) + (tr[g] if g < 1 else pad))[None] for g in range(codes.shape[0])]
     full, _ = tiny(torch.cat(rows)[None])
     # greedy c0 of step g+1 is the argmax of the processed logits at row L-1+g+1
-    from qwen3_tts_triton.sampling import sample_c0
+    from triton_qwen3_tts.model.sampling import sample_c0
 
     hist = torch.zeros(1, 0, dtype=torch.long)
     p = SamplingParams(do_sample=False, ignore_eos=True)
@@ -366,11 +357,11 @@ def _shim(fn):
 M.create_causal_mask = _shim(M.create_causal_mask)
 M.create_sliding_window_causal_mask = _shim(M.create_sliding_window_causal_mask)
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.config import Qwen3TTSConfig
-from qwen3_tts_triton.generate import generate_codes
-from qwen3_tts_triton.sampling import SamplingParams
-from qwen3_tts_triton.talker import Qwen3TTSModel, init_random_weights
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.model.generate import generate_codes
+from triton_qwen3_tts.model.sampling import SamplingParams
+from triton_qwen3_tts.model.talker import Qwen3TTSModel, init_random_weights
 
 for hidden in (None, 96):
     d = presets.main_config("tiny")

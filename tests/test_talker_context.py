@@ -10,11 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.config import Qwen3TTSConfig
-from qwen3_tts_triton.prompt import MAX_TOKENS_PER_CHAR, PromptRequest, build_prompt, max_prompt_rows
-from qwen3_tts_triton.serving.model_config import TalkerModelConfig, TtsModelConfig
-from qwen3_tts_triton.serving.repository import (
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.model.prompt import MAX_TOKENS_PER_CHAR, PromptRequest, build_prompt, max_prompt_rows
+from triton_qwen3_tts.serving.model_config import TalkerModelConfig, TtsModelConfig
+from triton_qwen3_tts.serving.repository import (
     RepositoryError, RepositorySettings, build_repository, max_ref_frames, talker_context)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,7 +31,7 @@ DENSE = ["😀🫠🧑‍🚀" * 5, "𠀀𠀁𠀂𪜀" * 5, "𝔸𝔹ℂ𝔻" * 
 
 @pytest.fixture(scope="module")
 def tok(tiny_checkpoint):
-    from qwen3_tts_triton.text import load_text_tokenizer
+    from triton_qwen3_tts.model.text import load_text_tokenizer
 
     return load_text_tokenizer(tiny_checkpoint)
 

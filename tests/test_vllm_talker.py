@@ -26,10 +26,10 @@ pytestmark = pytest.mark.vllm
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-from qwen3_tts_triton import presets  # noqa: E402
-from qwen3_tts_triton.config import Qwen3TTSConfig  # noqa: E402
-from qwen3_tts_triton.engine import (EngineConfig, EngineError, TalkerEngine,  # noqa: E402
-                                     TalkerRequest)
+from triton_qwen3_tts.model import presets  # noqa: E402
+from triton_qwen3_tts.model.config import Qwen3TTSConfig  # noqa: E402
+from triton_qwen3_tts.engines.base import EngineError, TalkerRequest  # noqa: E402
+from triton_qwen3_tts.engines.vllm.engine import EngineConfig, TalkerEngine  # noqa: E402
 
 PRESET = "tiny"
 MAX_MODEL_LEN = 256
@@ -109,7 +109,7 @@ def _write_own_checkpoint(out: Path) -> None:
 
 def _make_checkpoint(out: Path) -> Path:
     try:
-        from qwen3_tts_triton.random_checkpoint import write_random_checkpoint
+        from triton_qwen3_tts.tools.random_checkpoint import write_random_checkpoint
 
         write_random_checkpoint(PRESET, out, seed=0)
         return out
@@ -245,7 +245,9 @@ class RefTalker:
 def reference_greedy(ref: RefTalker, prompt, trailing, frames):
     """generate.generate_codes when available (the package reference), else RefTalker."""
     try:
-        from qwen3_tts_triton import generate as gen_mod, sampling, talker as talker_mod  # noqa
+        from triton_qwen3_tts.model import generate as gen_mod
+        from triton_qwen3_tts.model import sampling
+        from triton_qwen3_tts.model import talker as talker_mod  # noqa
     except Exception:
         return ref.greedy(prompt, trailing, frames)
     try:
@@ -259,7 +261,7 @@ def reference_greedy(ref: RefTalker, prompt, trailing, frames):
 
 
 def _package_reference(gen_mod, sampling, talker_mod, ref, prompt, trailing, frames):
-    from qwen3_tts_triton.checkpoint import load_checkpoint
+    from triton_qwen3_tts.model.checkpoint import load_checkpoint
 
     global _PKG_MODEL
     if _PKG_MODEL is None:

@@ -6,15 +6,15 @@ import asyncio
 import numpy as np
 import pytest
 
-from qwen3_tts_triton import presets
-from qwen3_tts_triton.config import Qwen3TTSConfig
-from qwen3_tts_triton.serving.errors import error_code_name
-from qwen3_tts_triton.serving.model_config import ModelConfigError, TtsModelConfig
-from qwen3_tts_triton.serving.pipeline import stream_audio, trim_window
-from qwen3_tts_triton.serving.request import RequestError, TtsLimits, parse_tts_request
-from qwen3_tts_triton.serving.tts_service import TtsService
-from qwen3_tts_triton.serving.voice import Voice, VoiceCache, fingerprint, resolve_voice
-from qwen3_tts_triton.streaming import ChunkScheduler, ScheduleConfig
+from triton_qwen3_tts.model import presets
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.serving.errors import error_code_name
+from triton_qwen3_tts.serving.model_config import ModelConfigError, TtsModelConfig
+from triton_qwen3_tts.serving.tts.pipeline import stream_audio, trim_window
+from triton_qwen3_tts.serving.tts.request import RequestError, TtsLimits, parse_tts_request
+from triton_qwen3_tts.serving.tts.service import TtsService
+from triton_qwen3_tts.serving.tts.voice import Voice, VoiceCache, fingerprint, resolve_voice
+from triton_qwen3_tts.serving.tts.chunks import ChunkScheduler, ScheduleConfig
 
 SPF = 1920
 D = 8
@@ -382,7 +382,7 @@ def test_service_in_context_primes_a_stateful_codec_session():
 
 
 def test_client_builds_reference_inputs():
-    from qwen3_tts_triton.client import build_inputs
+    from triton_qwen3_tts.tools.client import build_inputs
 
     d = build_inputs(text="a", ref_audio=np.array([[16384, -32768]], np.int16), ref_sample_rate=16000,
                      ref_text="words", x_vector_only=False, voice_id="anna")

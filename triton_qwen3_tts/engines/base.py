@@ -1,0 +1,110 @@
+"""What both talker engines share: the request type, the refusal error, the checks made before a
+request is scheduled, and the codec-frame constants.
+
+The vLLM engine (:mod:`triton_qwen3_tts.engines.vllm`) and the native engine
+(:mod:`triton_qwen3_tts.engines.native`) take a :class:`TalkerRequest` and stream ``np.int32 [n, 16]``
+frame chunks; the counter-based noise both sample with is in :mod:`triton_qwen3_tts.engines.rng`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = ["NUM_CHANNEL", "SUPPRESS_START", "EngineError", "TalkerRequest", "check_prompt_frames_trailing"]
+
+NUM_CHANNEL = 16  # codebooks per codec frame
+SUPPRESS_START = 2048  # codebook-0 ids from here on are special tokens (suppressed but EOS)
+
+
+class EngineError(ValueError):
+    """A request or a config the engine refuses before anything is scheduled.
+
+    ``field``: the talker input the refusal is about (``max_frames``, ``text``, ``top_k``, ...),
+    so the serving layer reports it as that input's INVALID_ARG without reading the message;
+    None for refusals that are no input's fault (engine not started, a duplicate request id)."""
+
+    def __init__(self, message: str = "", field: Optional[str] = None):
+        super().__init__(message)
+        self.field = field
+
+
+def check_prompt_frames_trailing(req: "TalkerRequest", hidden: int, max_model_len: int,
+                                 max_trailing_tokens: int):
+    """The checks both engines make before scheduling: prompt and trailing shapes, the frame
+    budget within ``max_model_len``, and temperature. Returns (prompt_embeds, trailing) tensors."""
+    import torch
+
+    pe = torch.as_tensor(req.prompt_embeds)
+    if pe.dim() != 2 or pe.shape[1] != hidden:
+        raise EngineError(f"prompt_embeds must be [L, {hidden}], got {tuple(pe.shape)}", field="text")
+    L = int(pe.shape[0])
+    if L < 1:
+        raise EngineError("prompt_embeds is empty", field="text")
+    if L > max_model_len - 2:
+        raise EngineError(f"prompt of {L} rows is too long: max_model_len={max_model_len} "
+                          f"allows at most {max_model_len - 2} prompt rows (+1 frame)", field="text")
+    limit = max_model_len - L - 1
+    if not isinstance(req.max_frames, int) or isinstance(req.max_frames, bool) or req.max_frames < 1:
+        raise EngineError(f"max_frames must be a positive int, got {req.max_frames!r}", field="max_frames")
+    if req.max_frames > limit:
+        raise EngineError(f"max_frames={req.max_frames} exceeds max_model_len - prompt_len - 1 "
+                          f"= {limit} for a prompt of {L} rows (max_model_len={max_model_len})",
+                          field="max_frames")
+    tr = torch.as_tensor(req.trailing if req.trailing is not None else torch.zeros(0, hidden))
+    if tr.dim() != 2 or tr.shape[1] != hidden:
+        raise EngineError(f"trailing must be [N, {hidden}], got {tuple(tr.shape)}", field="text")
+    if tr.shape[0] > max_trailing_tokens:
+        raise EngineError(f"trailing text of {tr.shape[0]} rows > max_trailing_tokens={max_trailing_tokens}",
+                          field="text")
+    if not (req.greedy or (req.temperature > 0 and math.isfinite(req.temperature))):
+        raise EngineError("temperature must be > 0 unless greedy", field="temperature")
+    return pe, tr
+
+
+@dataclass
+class TalkerRequest:
+    """One talker generation. ``prompt_embeds [L, D]`` and ``trailing [N, D]`` (may be empty).
+
+    Codebook 0: ``temperature``/``top_k``/``top_p``/``repetition_penalty``/``min_new_tokens``,
+    ``greedy`` overrides to argmax. Residual codebooks: ``sub_*`` (``sub_greedy=None`` follows
+    ``greedy``). ``seed`` drives the hashed noise of all 16 codebooks; ``None``: one random
+    63-bit draw per request.
+    ``max_frames``: frames to produce at most (EOS may stop earlier).
+    """
+
+    request_id: str
+    prompt_embeds: "object"
+    trailing: "object" = None
+    max_frames: int = 256
+    greedy: bool = False
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    min_new_tokens: int = 2
+    sub_greedy: Optional[bool] = None
+    sub_temperature: float = 0.9
+    sub_top_k: int = 50
+    seed: Optional[int] = None
+    suppress_eos: bool = False  # benchmarks: never stop on EOS
+
+    @classmethod
+    def from_sampling(cls, request_id, prompt_embeds, trailing, sampling, max_frames=None, seed=None):
+        """Build from an object with the official generate kwargs names (``do_sample``,
+        ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``subtalker_*``,
+        ``max_new_tokens``, ``min_new_tokens``), e.g. :class:`triton_qwen3_tts.model.sampling.SamplingParams`."""
+        g = lambda k, d: getattr(sampling, k, d)  # noqa: E731
+        do_sample = bool(g("do_sample", True))
+        sub_sample = bool(g("subtalker_dosample", do_sample))
+        mf = max_frames if max_frames is not None else int(g("max_new_tokens", 2048)) - 1
+        return cls(request_id=request_id, prompt_embeds=prompt_embeds, trailing=trailing,
+                   max_frames=mf, greedy=not do_sample,
+                   temperature=float(g("temperature", 0.9)), top_k=int(g("top_k", 50)),
+                   top_p=float(g("top_p", 1.0)),
+                   repetition_penalty=float(g("repetition_penalty", 1.05)),
+                   min_new_tokens=int(g("min_new_tokens", 2)), sub_greedy=not sub_sample,
+                   sub_temperature=float(g("subtalker_temperature", 0.9)),
+                   sub_top_k=int(g("subtalker_top_k", 50)),
+                   seed=seed if seed is not None else g("seed", None))

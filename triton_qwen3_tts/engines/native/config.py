@@ -1,0 +1,147 @@
+"""Settings of the native engine (:class:`NativeEngineConfig`), validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from triton_qwen3_tts.engines.base import EngineError
+
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+def _pos_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+@dataclass(frozen=True)
+class NativeEngineConfig:
+    """Settings of the native engine; validated on construction (:class:`EngineError`).
+
+    * ``max_num_seqs``: slots (concurrent requests decoding at once); more wait in a queue.
+    * ``max_model_len``: talker positions per request (prompt + frames + 1).
+    * ``device``: ``"cuda"``, ``"cuda:N"`` or ``"cpu"``; ``dtype``: float32 | bfloat16 | float16.
+    * ``cuda_graphs``: capture one graph per (batch bucket, context bucket) at start (CUDA only;
+      ignored on CPU, which always runs eagerly).
+    * ``batch_buckets``: decode batch sizes; capped by ``max_num_seqs``, which is always added.
+    * ``ctx_buckets``: attention context lengths the talker step is specialised for (None: powers
+      of two from 256, capped by and always including ``max_model_len``).
+    * ``max_trailing_tokens``: trailing text rows a request may carry.
+    * ``max_top_k``: candidates kept for sampling; a request's ``top_k``/``sub_top_k`` must not
+      exceed it (set it to the vocabulary size to allow any top-k, at some cost).
+    * ``seed``: seeds the keys of requests that carry no seed (reproducible engine runs).
+    * ``fast_math``: None -> True on CUDA: fused SDPA attention, one-kernel RMSNorm
+      (``F.rms_norm`` with the weight) and a stacked gather for the residual-codebook embeddings;
+      False keeps the reference's op order and rounding (CPU default).
+    * ``fuse_weights``: q/k/v as one GEMM and gate/up as one GEMM (the fused tensors are built
+      once at load; False runs three and two GEMMs on views of them, for A/B timing).
+    * ``skip_top_p``: decode steps whose sampled rows all have ``top_p == 1`` leave the top-p
+      filter out (a second graph variant per bucket, chosen on the host); False always runs it.
+    * ``compile``: wrap the decode step's per-layer blocks (pre-attention: norm, QKV, QK-norm,
+      RoPE; post-attention: o-proj, norm, MLP) and the noise/sampling functions in
+      ``torch.compile(dynamic=False, fullgraph=True)`` (``compile_backend``, default inductor);
+      they are compiled during the graph warm-up, before capture. KV writes and SDPA stay eager;
+      prefill stays uncompiled. Meant for CUDA (inductor on CPU needs a C++ compiler).
+    * ``batched_prefill``: the requests admitted in one scheduler round are prefilled together,
+      right-padded to one length, in groups of at most ``prefill_max_tokens`` padded rows
+      (False: one prefill per request, for A/B timing).
+    * ``prefill_graphs``: None -> as ``cuda_graphs``: capture the prefill per (batch bucket,
+      length bucket) with ``P * L <= prefill_max_tokens`` (``prefill_len_sizes``); other
+      shapes run eagerly.
+    """
+
+    max_num_seqs: int = 8
+    max_model_len: int = 2048
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    cuda_graphs: bool = True
+    seed: int = 0
+    batch_buckets: Tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    ctx_buckets: Optional[Tuple[int, ...]] = None
+    max_trailing_tokens: int = 512
+    max_top_k: int = 64
+    fast_math: Optional[bool] = None
+    fuse_weights: bool = True
+    skip_top_p: bool = True
+    compile: bool = False
+    compile_backend: str = "inductor"
+    batched_prefill: bool = True
+    prefill_max_tokens: int = 4096
+    prefill_graphs: Optional[bool] = None
+
+    def __post_init__(self):
+        def bad(f, msg):
+            raise EngineError(f"NativeEngineConfig.{f}: {msg}")
+
+        for f in ("max_num_seqs", "max_model_len", "max_trailing_tokens", "max_top_k", "prefill_max_tokens"):
+            if not _pos_int(getattr(self, f)):
+                bad(f, f"must be a positive int, got {getattr(self, f)!r}")
+        if self.max_model_len < 3:
+            bad("max_model_len", "must be >= 3 (prompt + at least one frame)")
+        if not isinstance(self.device, str) or not (
+                self.device == "cpu" or self.device == "cuda" or
+                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            bad("device", f"{self.device!r}; allowed: 'cpu', 'cuda', 'cuda:N'")
+        if self.dtype not in _DTYPES:
+            bad("dtype", f"{self.dtype!r}; allowed: {', '.join(_DTYPES)}")
+        if not isinstance(self.cuda_graphs, bool):
+            bad("cuda_graphs", f"must be a bool, got {self.cuda_graphs!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            bad("seed", f"must be a non-negative int, got {self.seed!r}")
+        for f in ("batch_buckets", "ctx_buckets"):
+            v = getattr(self, f)
+            if v is None and f == "ctx_buckets":
+                continue
+            if not isinstance(v, (tuple, list)) or not v or not all(_pos_int(b) for b in v):
+                bad(f, f"must be a non-empty sequence of positive ints, got {v!r}")
+        if not isinstance(self.compile_backend, str) or not self.compile_backend:
+            bad("compile_backend", f"must be a torch.compile backend name, got {self.compile_backend!r}")
+        if self.prefill_graphs is not None and not isinstance(self.prefill_graphs, bool):
+            bad("prefill_graphs", f"must be a bool or None, got {self.prefill_graphs!r}")
+        for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill"):
+            if not isinstance(getattr(self, f), bool):
+                bad(f, f"must be a bool, got {getattr(self, f)!r}")
+        if self.fast_math is not None and not isinstance(self.fast_math, bool):
+            bad("fast_math", f"must be a bool or None, got {self.fast_math!r}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def use_graphs(self) -> bool:
+        return self.cuda_graphs and self.device.startswith("cuda")
+
+    @property
+    def use_prefill_graphs(self) -> bool:
+        return self.use_graphs and (self.prefill_graphs is None or self.prefill_graphs)
+
+    def prefill_len_sizes(self) -> Tuple[int, ...]:
+        """Prompt-length buckets of the captured prefills: powers of two from 16 up to
+        ``min(max_model_len, prefill_max_tokens)``; longer prompts prefill eagerly."""
+        out, L = [], 16
+        while L <= min(self.max_model_len, self.prefill_max_tokens):
+            out.append(L)
+            L *= 2
+        return tuple(out)
+
+    @property
+    def use_fast_math(self) -> bool:
+        return self.device.startswith("cuda") if self.fast_math is None else self.fast_math
+
+    def batch_sizes(self) -> Tuple[int, ...]:
+        """Effective decode buckets: configured ones <= max_num_seqs, plus max_num_seqs."""
+        return tuple(sorted({b for b in self.batch_buckets if b <= self.max_num_seqs} | {self.max_num_seqs}))
+
+    def ctx_sizes(self) -> Tuple[int, ...]:
+        """Effective attention context buckets (ascending; the last is max_model_len)."""
+        if self.ctx_buckets is None:
+            out, c = set(), 256
+            while c < self.max_model_len:
+                out.add(c)
+                c *= 2
+        else:
+            out = {c for c in self.ctx_buckets if c < self.max_model_len}
+        return tuple(sorted(out | {self.max_model_len}))

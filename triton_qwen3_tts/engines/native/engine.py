@@ -1,0 +1,476 @@
+"""NativeEngine: the Qwen3-TTS talker + code predictor in plain PyTorch, continuous batching at
+frame granularity, one CUDA graph per (batch bucket, context bucket, top-p variant), batched
+prefill captured per (batch bucket, length bucket) (design: docs/design/native-engine.md).
+
+Same request type and async interface as the vLLM :class:`~triton_qwen3_tts.engines.vllm.engine.TalkerEngine`::
+
+    engine = await NativeEngine.create(checkpoint_dir, NativeEngineConfig(device="cuda"))
+    async for frames in engine.synthesize(TalkerRequest(...)):   # np.int32 [n, 16]
+        ...
+    await engine.abort(request_id); engine.stats(); engine.shutdown()
+
+Layout (all on the device, allocated once):
+
+* talker KV cache ``k_cache``/``v_cache`` ``[layers, slots + 1, kv_heads, max_model_len, head_dim]``
+  (the last slot is scratch: padding rows of a captured prefill bucket write there);
+* code-predictor KV ``[cp_layers, slots, kv_heads, 16, head_dim]`` (rewritten every frame);
+* per-slot state tables ``[slots + 1, ...]``: last hidden ``h``, last ``c0``, frame index, next
+  talker position, c0 count, c0 presence mask ``[slots, vocab]`` (repetition penalty), trailing
+  text rows ``[slots, max_trailing, D]`` + their count, sampling parameters, RNG key;
+* per layer, q/k/v and gate/up concatenated into one weight each (the reference modules keep
+  views of them), RoPE cos/sin tables, the stacked residual-codebook tables.
+
+Active requests always occupy slots ``0..n-1`` (a leaving request's slot is filled by moving the
+last active slot into it), so a decode step of bucket ``B >= n`` works on the plain prefix views
+``[:B]`` of every table: no gather, and padded rows ``n..B-1`` run on free slots, whose results
+are never read (the free slots act as the scratch rows). A step advances a row's counters
+(position, frame index, c0 count) by its ``live`` flag (1 for an admitted slot, 0 for a free
+one), so a free slot that is padding for many steps stays at position 0 instead of walking past
+``max_model_len`` (which indexed the RoPE table and the KV cache out of bounds). A step mutates the tables in place,
+so a captured graph needs no input copies: admission writes a slot's rows, replay reads them.
+All requests admitted in one scheduler round are prefilled together, right-padded to one length.
+
+Sampling is done on the device without torch RNG state: Gumbel-max over the top-``max_top_k``
+candidates with noise from a counter-based integer hash of (request key, draw index, candidate
+rank). Same seed -> same frames, independent of batch composition, bucket, top-p variant or graph
+replay. Greedy requests take the argmax after the same codebook-0 processing as the reference
+(repetition penalty, min_new_tokens, suppression) and reproduce ``generate_codes``.
+
+Imports neither vLLM nor Triton.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import AsyncIterator, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from triton_qwen3_tts.engines.base import EngineError, TalkerRequest, check_prompt_frames_trailing
+
+from triton_qwen3_tts.engines.native.config import NativeEngineConfig
+from triton_qwen3_tts.engines.native.model import NativeModel
+from triton_qwen3_tts.engines.native.graphs import _Graphs
+from triton_qwen3_tts.engines.rng import gumbel_noise, hash_seed
+
+__all__ = ["NativeEngineConfig", "NativeEngine", "NativeModel", "EngineError", "TalkerRequest",
+           "gumbel_noise", "hash_seed"]
+
+
+@dataclass(eq=False)
+class _Req:
+    req: TalkerRequest
+    prompt: torch.Tensor
+    trailing: torch.Tensor
+    key: int
+    queue: asyncio.Queue
+    slot: int = -1
+    pos: int = 0          # host mirror of the next talker position
+    frames: int = 0
+    done: bool = False
+    aborted: bool = False
+    freed: Optional[asyncio.Event] = None
+    t_submit: float = field(default_factory=time.perf_counter)
+
+    @property
+    def uses_top_p(self) -> bool:
+        return not self.req.greedy and self.req.top_p < 1.0
+
+
+_END = object()
+
+
+class NativeEngine:
+    """Async native talker engine. ``engine = await NativeEngine.create(ckpt, cfg)``."""
+
+    def __init__(self, checkpoint_dir, config: NativeEngineConfig = NativeEngineConfig(), talker=None):
+        if not isinstance(config, NativeEngineConfig):
+            raise EngineError("config must be a NativeEngineConfig")
+        if config.device.startswith("cuda") and not torch.cuda.is_available():
+            raise EngineError(f"NativeEngineConfig.device={config.device!r} but CUDA is not available")
+        self.config = config
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self._talker = talker
+        self.model: Optional[NativeModel] = None
+        self.graphs: Optional[_Graphs] = None
+        self.capture_seconds = 0.0
+        self._waiting: deque = deque()
+        self._active: List[_Req] = []
+        self._by_id: Dict[str, _Req] = {}
+        self._wake: Optional[asyncio.Event] = None
+        self._task: Optional[asyncio.Task] = None
+        self._closed = False
+        self._error: Optional[BaseException] = None
+        self._rng = random.Random(config.seed)
+        self.steps = 0
+        self.step_hist: Dict[Tuple[int, int], int] = {}
+        self.prefill_hist: Dict[Tuple[int, int, bool], int] = {}  # (P, L, graph) -> calls
+        self.pf_graphs = False  # prefill graphs captured (keys ("prefill", P, L) in graphs)
+
+    @classmethod
+    async def create(cls, checkpoint_dir, config: NativeEngineConfig = NativeEngineConfig(),
+                     talker=None) -> "NativeEngine":
+        """Load the weights (``talker`` may pass an already loaded reference Talker), allocate
+        the slots, capture the graphs and start the scheduler."""
+        eng = cls(checkpoint_dir, config, talker)
+        await eng.start()
+        return eng
+
+    def _load(self):
+        c = self.config
+        tts_pad_id = None
+        talker = self._talker
+        if talker is None:
+            from triton_qwen3_tts.model.checkpoint import load_checkpoint
+
+            ck = load_checkpoint(self.checkpoint_dir, device=c.device, dtype=c.torch_dtype,
+                                 load_speech_tokenizer=False, load_tokenizer=False)
+            talker = ck.model.talker
+            tts_pad_id = ck.config.tts_pad_token_id
+            ck.model.speaker_encoder = None
+        else:
+            talker = talker.to(device=c.device, dtype=c.torch_dtype)
+        if tts_pad_id is None:
+            if self.checkpoint_dir is not None:
+                from triton_qwen3_tts.model.checkpoint import load_talker_config
+                tts_pad_id = load_talker_config(self.checkpoint_dir).tts_pad_token_id
+            else:
+                tts_pad_id = 151671
+        talker.eval()
+        for p in talker.parameters():
+            p.requires_grad_(False)
+        self.model = NativeModel(talker, c, tts_pad_id)
+        if c.use_graphs:
+            self.graphs = _Graphs(self.model)
+            tps = (False, True) if c.skip_top_p else (True,)
+            keys = [(b, cc, tp) for b in c.batch_sizes() for cc in c.ctx_sizes() for tp in tps]
+            self.capture_seconds = self.graphs.capture(
+                self.model.step, keys, order=lambda k: (-k[0], -k[1], k[2]))
+            if c.use_prefill_graphs:
+                m = self.model
+                keys = [("prefill", p, L) for L in c.prefill_len_sizes() for p in c.batch_sizes()
+                        if p * L <= c.prefill_max_tokens]
+                m.pf_x.zero_()
+                m.pf_slots.fill_(m.SCR)  # warm-up and capture write the scratch slot only
+                m.pf_last.zero_()
+                self.capture_seconds += self.graphs.capture(
+                    lambda _, p, L: m.prefill_rows(p, L), keys, order=lambda k: (-k[1] * k[2], -k[1]))
+                self.pf_graphs = True
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        if self.model is None:
+            await asyncio.get_running_loop().run_in_executor(None, self._load)
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._scheduler())
+
+    # -- requests ----------------------------------------------------------------------------
+    @property
+    def hidden(self) -> int:
+        return self.model.D
+
+    def check_request(self, req: TalkerRequest):
+        """Refuse what cannot run, before anything is scheduled. Returns (embeds, trailing)."""
+        c = self.config
+        if not isinstance(req, TalkerRequest):
+            raise EngineError(f"expected a TalkerRequest, got {type(req).__name__}")
+        if not isinstance(req.request_id, str) or not req.request_id:
+            raise EngineError("request_id must be a non-empty string")
+        pe, tr = check_prompt_frames_trailing(req, self.model.D, c.max_model_len, c.max_trailing_tokens)
+        sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
+        if not (sub_greedy or (req.sub_temperature > 0 and math.isfinite(req.sub_temperature))):
+            raise EngineError("sub_temperature must be > 0 unless sub_greedy", field="temperature")
+        for name, v, vocab in (("top_k", req.top_k, self.model.V), ("sub_top_k", req.sub_top_k, self.model.cpV)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise EngineError(f"{name} must be an int >= 1, got {v!r}", field="top_k")
+            if v > c.max_top_k and c.max_top_k < vocab:
+                raise EngineError(f"{name}={v} > max_top_k={c.max_top_k} (NativeEngineConfig)", field="top_k")
+        if not (0 < req.top_p <= 1):
+            raise EngineError(f"top_p must be in (0, 1], got {req.top_p!r}", field="top_p")
+        if not (req.repetition_penalty > 0 and math.isfinite(req.repetition_penalty)):
+            raise EngineError(f"repetition_penalty must be > 0, got {req.repetition_penalty!r}",
+                              field="repetition_penalty")
+        if not isinstance(req.min_new_tokens, int) or req.min_new_tokens < 0:
+            raise EngineError(f"min_new_tokens must be an int >= 0, got {req.min_new_tokens!r}",
+                              field="min_new_tokens")
+        if req.seed is not None and (not isinstance(req.seed, int) or isinstance(req.seed, bool)):
+            raise EngineError(f"seed must be an int or None, got {req.seed!r}", field="seed")
+        return pe, tr
+
+    async def synthesize(self, req: TalkerRequest) -> AsyncIterator[np.ndarray]:
+        """Yield frames ``[n, 16] int32`` as they are produced (the EOS frame is never included)."""
+        if self._task is None or self._closed:
+            raise EngineError("engine not started (await engine.start()) or shut down")
+        if self._error is not None:
+            raise RuntimeError(f"native engine failed: {self._error!r}")
+        pe, tr = self.check_request(req)
+        if req.request_id in self._by_id:
+            raise EngineError(f"request_id {req.request_id!r} is already in flight")
+        seed = req.seed if req.seed is not None else self._rng.getrandbits(63)
+        r = _Req(req=req, prompt=pe, trailing=tr, key=hash_seed(seed), queue=asyncio.Queue())
+        self._by_id[req.request_id] = r
+        self._waiting.append(r)
+        self._wake.set()
+        finished = False
+        try:
+            while True:
+                item = await r.queue.get()
+                chunks = [item]
+                while not r.queue.empty():
+                    chunks.append(r.queue.get_nowait())
+                frames = []
+                for it in chunks:
+                    if it is _END:
+                        finished = True
+                    elif isinstance(it, BaseException):
+                        finished = True
+                        raise it
+                    else:
+                        frames.append(it)
+                if frames:
+                    yield np.concatenate(frames).astype(np.int32, copy=False)
+                if finished:
+                    return
+        finally:
+            if not finished and not r.done:
+                await self.abort(req.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; returns once its slot is free (no-op for unknown ids)."""
+        r = self._by_id.get(request_id)
+        if r is None or r.done:
+            return
+        r.aborted = True
+        if r in self._waiting:  # not handed to the scheduler yet (the deque is loop-owned)
+            self._waiting.remove(r)
+            self._finish(r)
+            return
+        if r.freed is None:
+            r.freed = asyncio.Event()
+        self._wake.set()
+        if self._task is not None and not self._task.done():
+            await r.freed.wait()
+
+    def stats(self) -> dict:
+        return {"active": len(self._active), "free": self.config.max_num_seqs - len(self._active),
+                "waiting": len(self._waiting), "tracked": len(self._by_id), "steps": self.steps}
+
+    def shutdown(self) -> None:
+        self._closed = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        for r in list(self._by_id.values()):
+            if not r.done:
+                r.queue.put_nowait(EngineError("engine shut down"))
+                self._finish(r)
+        self._task = None
+
+    # -- scheduler ---------------------------------------------------------------------------
+    def _finish(self, r: _Req) -> None:
+        if r.done:
+            return
+        r.done = True
+        self._by_id.pop(r.req.request_id, None)
+        r.queue.put_nowait(_END)
+        if r.freed is not None:
+            r.freed.set()
+
+    def _release(self, r: _Req) -> None:
+        """Free ``r``'s slot, keeping active slots contiguous (move the last one into the hole)."""
+        m = self.model
+        s = r.slot
+        last = len(self._active) - 1
+        moved = self._active[last]
+        if moved is not r:
+            m.move_slot(last, s, moved.pos)
+            moved.slot = s
+            self._active[s] = moved
+        self._active.pop()
+        m.reset_slot(last)
+        r.slot = -1
+
+    @torch.inference_mode()
+    def _admit_many(self, rs: List[_Req]) -> List[bool]:
+        """Put ``rs`` into the next free slots and prefill them, batched (groups within
+        ``prefill_max_tokens``). Returns, per request, whether its first c0 is already EOS (one
+        host sync for the whole admission)."""
+        m = self.model
+        a, P = len(self._active), len(rs)
+        m.reset_rows(a, a + P)
+        cols: Dict[torch.Tensor, list] = {t: [] for t in (
+            m.n_trailing, m.key, m.greedy, m.sub_greedy, m.suppress_eos, m.min_new, m.temp, m.top_k,
+            m.top_p, m.rep, m.sub_temp, m.sub_top_k, m.pos, m.live)}
+        for i, r in enumerate(rs):
+            req = r.req
+            sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
+            n_tr = r.trailing.shape[0]
+            if n_tr:
+                m.trailing[a + i, :n_tr] = r.trailing.to(m.device, m.dtype)
+            L = r.prompt.shape[0]
+            for t, v in ((m.n_trailing, n_tr), (m.key, r.key), (m.greedy, bool(req.greedy)),
+                         (m.sub_greedy, bool(sub_greedy)), (m.suppress_eos, bool(req.suppress_eos)),
+                         (m.min_new, int(req.min_new_tokens)), (m.temp, float(req.temperature)),
+                         (m.top_k, min(int(req.top_k), m.K0)), (m.top_p, float(req.top_p)),
+                         (m.rep, float(req.repetition_penalty)), (m.sub_temp, float(req.sub_temperature)),
+                         (m.sub_top_k, min(int(req.sub_top_k), m.KR)), (m.pos, L), (m.live, 1)):
+                cols[t].append(v)
+            r.slot, r.pos = a + i, L
+            self._active.append(r)
+        for t, v in cols.items():  # one copy per table
+            t[a:a + P].copy_(torch.tensor(v, dtype=t.dtype))
+        i = 0
+        for group in self._prefill_groups(rs):
+            self._prefill(a + i, group)
+            i += len(group)
+        return [int(c) == m.eos for c in m.c0[a:a + P].cpu()]
+
+    def _pf_key(self, P: int, L: int):
+        """The captured prefill bucket ``("prefill", Pb, Lb)`` for P prompts of at most L rows,
+        or None (eager)."""
+        c = self.config
+        if self.graphs is None or not self.pf_graphs:
+            return None
+        Ls = [b for b in c.prefill_len_sizes() if b >= L]
+        Ps = [b for b in c.batch_sizes() if b >= P]
+        if not Ls or not Ps:
+            return None
+        key = ("prefill", Ps[0], Ls[0])
+        return key if key in self.graphs.graphs else None
+
+    def _pf_fits(self, P: int, L: int) -> bool:
+        if self.graphs is not None and self.pf_graphs:
+            return self._pf_key(P, L) is not None  # grow a group only while a graph covers it
+        return P * L <= self.config.prefill_max_tokens
+
+    def _prefill_groups(self, rs: List[_Req]) -> List[List[_Req]]:
+        """Consecutive groups that fit ``prefill_max_tokens`` padded rows (with prefill graphs:
+        that a captured bucket covers; a single longer prompt prefills eagerly); one request per
+        group with ``batched_prefill`` off."""
+        c = self.config
+        groups: List[List[_Req]] = []
+        cur: List[_Req] = []
+        cur_L = 0
+        for r in rs:
+            L = int(r.prompt.shape[0])
+            if cur and (not c.batched_prefill or not self._pf_fits(len(cur) + 1, max(cur_L, L))):
+                groups.append(cur)
+                cur, cur_L = [], 0
+            cur.append(r)
+            cur_L = max(cur_L, L)
+        if cur:
+            groups.append(cur)
+        return groups
+
+    def _prefill(self, s0: int, group: List[_Req]) -> None:
+        """One batched prefill of ``group`` into slots ``s0, s0 + 1, ...``: a graph replay of its
+        (P, L) bucket, or eager at the exact padded size."""
+        m = self.model
+        P = len(group)
+        Lmax = max(int(r.prompt.shape[0]) for r in group)
+        key = self._pf_key(P, Lmax)
+        Pb, Lb = (key[1], key[2]) if key is not None else (P, Lmax)
+        x = torch.zeros(Pb, Lb, m.D, dtype=m.dtype)
+        for i, r in enumerate(group):
+            x[i, :r.prompt.shape[0]] = r.prompt.to(m.dtype)
+        m.pf_x[:Pb * Lb * m.D].copy_(x.view(-1))
+        slots = [s0 + i for i in range(P)] + [m.SCR] * (Pb - P)
+        last = [int(r.prompt.shape[0]) - 1 for r in group] + [0] * (Pb - P)
+        m.pf_slots[:Pb].copy_(torch.tensor(slots, dtype=torch.int64))
+        m.pf_last[:Pb].copy_(torch.tensor(last, dtype=torch.int64))
+        if key is not None:
+            self.graphs.replay(key)
+        else:
+            m.prefill_rows(Pb, Lb)
+        k = (Pb, Lb, key is not None)
+        self.prefill_hist[k] = self.prefill_hist.get(k, 0) + 1
+
+    def _bucket(self, sizes, n):
+        for b in sizes:
+            if b >= n:
+                return b
+        raise RuntimeError(f"no bucket for {n}")
+
+    @torch.inference_mode()
+    def _run_step(self) -> np.ndarray:
+        """One decode step of every active slot; returns ``out[:n]`` on the host (the sync)."""
+        c = self.config
+        n = len(self._active)
+        B = self._bucket(c.batch_sizes(), n)
+        need = max(r.pos for r in self._active) + 1
+        C = self._bucket(c.ctx_sizes(), need)
+        # top-p only when some sampled row asks for it (host-side request params: no device read)
+        tp = not c.skip_top_p or any(r.uses_top_p for r in self._active)
+        if self.graphs is not None:
+            self.graphs.replay((B, C, tp))
+        else:
+            self.model.step(B, C, tp)
+        self.steps += 1
+        self.step_hist[(B, C)] = self.step_hist.get((B, C), 0) + 1
+        return self.model.out[:n].cpu().numpy()
+
+    def _work(self, admits: List[_Req]) -> List[Tuple[_Req, Optional[np.ndarray], bool]]:
+        """Scheduler body, run off the event loop: releases, admissions, one decode step.
+        Returns ``(request, frames [1, 16] or None, finished)`` events for the loop to dispatch."""
+        events = []
+        for r in [r for r in self._active if r.aborted]:  # releases happen between steps only
+            self._release(r)
+            events.append((r, None, True))
+        live = []
+        for r in admits:
+            if r.aborted:
+                events.append((r, None, True))
+            else:
+                live.append(r)
+        if live:
+            for r, eos in zip(live, self._admit_many(live)):
+                if eos:  # the first c0 is EOS: no frames
+                    self._release(r)
+                    events.append((r, None, True))
+        if not self._active:
+            return events
+        out = self._run_step()
+        for i, r in enumerate(list(self._active)):
+            r.frames += 1
+            r.pos += 1
+            row = out[i]
+            stop = bool(row[-1]) or r.frames >= r.req.max_frames
+            events.append((r, row[None, :-1], stop))
+        for r, _, stop in events:
+            if stop and r.slot >= 0:
+                self._release(r)
+        return events
+
+    async def _scheduler(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._closed:
+                if not self._active and not self._waiting:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                admits = []
+                while self._waiting and len(self._active) + len(admits) < self.config.max_num_seqs:
+                    admits.append(self._waiting.popleft())
+                events = await loop.run_in_executor(None, self._work, admits)
+                for r, frames, stop in events:
+                    if frames is not None and not r.aborted:
+                        r.queue.put_nowait(frames)
+                    if stop:
+                        self._finish(r)
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 -- fail every stream, keep the message
+            self._error = e
+            for r in list(self._by_id.values()):
+                r.queue.put_nowait(RuntimeError(f"native engine step failed: {e!r}"))
+                self._finish(r)
+            raise

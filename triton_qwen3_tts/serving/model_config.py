@@ -1,0 +1,299 @@
+"""Typed, validated settings of the Triton models, parsed once in ``initialize()``.
+
+Triton hands a Python model its ``config.pbtxt`` as JSON; ``parameters`` arrive as
+``{"key": {"string_value": "..."}}``. :func:`parameters_from_model_config` flattens them and each
+``*ModelConfig.from_parameters`` turns them into a frozen dataclass. A bad or unknown value fails
+the model load with a message naming the parameter and what is allowed; nothing is parsed again
+on the hot path.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Mapping, Type, TypeVar
+
+from triton_qwen3_tts.serving.tts.admission import AdmissionConfig
+from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES, TtsLimits
+from triton_qwen3_tts.serving.tts.voice import MAX_VOICE_CACHE_SIZE
+
+T = TypeVar("T")
+
+# New-frame counts of the tts chunk schedule (streaming.ChunkSchedule defaults: first chunk 2,
+# ramp 4/8/16, chunk 25) plus 1: the stateful codec's CUDA-graph frame buckets.
+DEFAULT_STATEFUL_FRAME_BUCKETS = (1, 2, 4, 8, 16, 25)
+
+
+# Where the stateful codec keeps a stream's state: sent with every request, or inside the model.
+STATE_RESIDENCY = ("request", "resident")
+
+
+class ModelConfigError(ValueError):
+    pass
+
+
+def parameters_from_model_config(model_config: Any) -> dict:
+    """``args["model_config"]`` (JSON string or dict) -> {key: string value}."""
+    cfg = json.loads(model_config) if isinstance(model_config, str) else model_config
+    out = {}
+    for key, val in (cfg.get("parameters") or {}).items():
+        out[key] = val.get("string_value", "") if isinstance(val, dict) else str(val)
+    return out
+
+
+def instance_count(model_config: Any) -> int:
+    """How many instances Triton creates for a model config (dict or JSON): ``count`` per
+    instance group, times the group's GPUs for KIND_GPU (Triton's normalized config lists every
+    visible GPU there when the config names none)."""
+    cfg = json.loads(model_config) if isinstance(model_config, str) else model_config
+    n = 0
+    for g in cfg.get("instance_group") or [{}]:
+        c = int(g.get("count", 1))
+        if g.get("kind", "KIND_GPU") == "KIND_GPU":
+            c *= max(1, len(g.get("gpus") or []))
+        n += c
+    return n
+
+
+def _convert(name: str, raw: str, typ, default):
+    s = raw.strip()
+    try:
+        if typ is bool or isinstance(default, bool):
+            if s.lower() in ("1", "true", "yes", "on"):
+                return True
+            if s.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        if typ is int or isinstance(default, int):
+            return int(s)
+        if typ is float or isinstance(default, float):
+            return float(s)
+        if isinstance(default, tuple):
+            return tuple(int(x) for x in s.replace(" ", "").split(",") if x)
+        return s
+    except ValueError as e:
+        raise ModelConfigError(f"parameter '{name}': cannot parse {raw!r} ({e})") from None
+
+
+def _from_parameters(cls: Type[T], params: Mapping[str, str], ignore=()) -> T:
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(params) - set(known) - set(ignore) - {"EXECUTION_ENV_PATH"}
+    if unknown:
+        raise ModelConfigError(f"unknown parameter(s) {sorted(unknown)}; known: {sorted(known)}")
+    kw = {}
+    for name, f in known.items():
+        if name in params and params[name].strip() != "":
+            default = f.default if f.default is not MISSING else None
+            kw[name] = _convert(name, params[name], f.type if isinstance(f.type, type) else None, default)
+        elif f.default is MISSING:
+            raise ModelConfigError(f"parameter '{name}' is required")
+    try:
+        return cls(**kw)
+    except (TypeError, ValueError) as e:
+        raise ModelConfigError(str(e)) from None
+
+
+def _choice(name, value, allowed):
+    if value not in allowed:
+        raise ModelConfigError(f"parameter '{name}' must be one of {', '.join(allowed)}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class TalkerModelConfig:
+    checkpoint: str
+    engine: str = "vllm"  # vllm | native
+    device: str = "cuda"  # cuda | cpu
+    dtype: str = "bfloat16"  # bfloat16 | float16 | float32
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+    kv_cache_memory_bytes: int = 0  # 0: use gpu_memory_utilization
+    gpu_memory_utilization: float = 0.5
+    enforce_eager: bool = False
+    seed: int = 0
+    warmup: bool = True
+    # native engine only (docs/design/native-engine.md): torch.compile the per-layer blocks before
+    # CUDA-graph capture (GPU), and the decode batch buckets ("" = the engine's default)
+    native_compile: bool = False
+    native_batch_buckets: str = ""
+
+    def __post_init__(self):
+        _choice("engine", self.engine, ("vllm", "native"))
+        self.batch_buckets()  # validates native_batch_buckets
+        _choice("device", self.device, ("cuda", "cpu"))
+        _choice("dtype", self.dtype, ("bfloat16", "float16", "float32"))
+        if not self.checkpoint:
+            raise ModelConfigError("parameter 'checkpoint' is required (a checkpoint directory)")
+        if not 1 <= self.max_num_seqs <= 1024:
+            raise ModelConfigError(f"parameter 'max_num_seqs' must be in [1, 1024], got {self.max_num_seqs}")
+        if not 32 <= self.max_model_len <= 32768:
+            raise ModelConfigError(f"parameter 'max_model_len' must be in [32, 32768], got {self.max_model_len}")
+        if self.kv_cache_memory_bytes < 0:
+            raise ModelConfigError("parameter 'kv_cache_memory_bytes' must be >= 0")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ModelConfigError("parameter 'gpu_memory_utilization' must be in (0, 1]")
+
+    def batch_buckets(self):
+        """``native_batch_buckets`` as a tuple of ints (None when empty)."""
+        text = self.native_batch_buckets.strip()
+        if not text:
+            return None
+        try:
+            vals = tuple(int(x) for x in text.split(","))
+        except ValueError:
+            vals = ()
+        if not vals or any(not 1 <= v <= 1024 for v in vals):
+            raise ModelConfigError("parameter 'native_batch_buckets' must be a comma-separated list of batch "
+                                   f"sizes in [1, 1024], e.g. '1,8,32,64'; got {self.native_batch_buckets!r}")
+        return vals
+
+    @classmethod
+    def from_parameters(cls, params):
+        return _from_parameters(cls, params)
+
+
+@dataclass(frozen=True)
+class CodecModelConfig:
+    checkpoint: str
+    runtime: str = "torch"  # torch | onnxruntime
+    onnx_path: str = ""
+    device: str = "cuda"
+    dtype: str = "float32"
+    cuda_graphs: bool = True
+    frame_buckets: tuple = ()
+    max_frames: int = 512
+    # codec_decoder_stateful on CUDA with cuda_graphs: one graph per (batch bucket, T) for these
+    # EXACT new-frame counts T (a stateful step must never see padded frames: they would enter the
+    # state). Default: the tts chunk schedule's sizes (first 2, ramp 4/8/16, chunk 25) plus 1;
+    # any other T (e.g. a stream's last, shorter chunk) runs as several graph steps of these
+    # sizes (stateful_graphs.split_frames), or eagerly when it cannot be split into them.
+    stateful_frame_buckets: tuple = DEFAULT_STATEFUL_FRAME_BUCKETS
+    # codec_decoder_stateful: where a stream's decoder state lives between chunks. "request": it
+    # travels as state_in_* / state_out_* tensors; "resident": this model keeps it in
+    # ``state_slots`` preallocated slots keyed by stream_id (one instance only), and releases a
+    # stream on its end request or after ``state_idle_timeout_s`` without one (0: never).
+    state: str = "request"
+    state_slots: int = 128
+    state_idle_timeout_s: float = 300.0
+
+    def __post_init__(self):
+        _choice("runtime", self.runtime, ("torch", "onnxruntime"))
+        _choice("state", self.state, STATE_RESIDENCY)
+        if not 1 <= self.state_slots <= 65536:
+            raise ModelConfigError(f"parameter 'state_slots' must be in [1, 65536], got {self.state_slots}")
+        if not 0 <= self.state_idle_timeout_s <= 86400:
+            raise ModelConfigError("parameter 'state_idle_timeout_s' must be in [0, 86400] seconds (0: never), "
+                                   f"got {self.state_idle_timeout_s}")
+        _choice("device", self.device, ("cuda", "cpu"))
+        _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        if self.runtime == "onnxruntime" and not self.onnx_path:
+            raise ModelConfigError("parameter 'onnx_path' is required with runtime onnxruntime")
+        if list(self.frame_buckets) != sorted(set(self.frame_buckets)) or any(b < 1 for b in self.frame_buckets):
+            raise ModelConfigError(f"parameter 'frame_buckets' must be increasing positive ints, got {self.frame_buckets}")
+        if not 1 <= self.max_frames <= 8192:
+            raise ModelConfigError("parameter 'max_frames' must be in [1, 8192]")
+        check_stateful_frame_buckets(self.stateful_frame_buckets, self.max_frames)
+
+    @classmethod
+    def from_parameters(cls, params):
+        return _from_parameters(cls, params)
+
+
+def check_stateful_frame_buckets(buckets, max_frames: int = 8192) -> tuple:
+    """Validate ``stateful_frame_buckets``: a non-empty, strictly ascending list of ints in
+    [1, max_frames]. Returns it as a tuple; raises :class:`ModelConfigError` naming the field."""
+    vals = tuple(buckets) if isinstance(buckets, (tuple, list)) else None
+    ok = (bool(vals) and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= max_frames for v in vals)
+          and all(a < b for a, b in zip(vals, vals[1:])))
+    if not ok:
+        raise ModelConfigError(
+            f"parameter 'stateful_frame_buckets' must be a non-empty, strictly ascending comma-separated list of "
+            f"frame counts in [1, {max_frames}] (max_frames), e.g. "
+            f"'{','.join(str(v) for v in DEFAULT_STATEFUL_FRAME_BUCKETS)}'; got {buckets!r}")
+    return vals
+
+
+@dataclass(frozen=True)
+class TtsModelConfig:
+    checkpoint: str
+    talker_model: str = "talker"
+    codec_model: str = "codec_decoder"
+    codec_mode: str = "windowed"  # windowed | stateful (codec_model is then the stateful codec)
+    # stateful codec without optional inputs (TensorRT): a stream's first chunk sends an all-zero
+    # state instead of start=true
+    codec_zero_state_start: bool = False
+    # stateful codec: "request" (the state travels with each chunk) or "resident" (the codec keeps
+    # it by stream id; the tts sends frames, a stream id and start/end flags)
+    codec_state: str = "request"
+    default_task_type: str = ""  # empty: the checkpoint's own task type
+    default_speaker: str = ""
+    default_language: str = "auto"
+    default_sample_format: str = "float32"
+    default_stream: bool = True
+    default_temperature: float = 0.9
+    default_top_k: int = 50
+    default_max_frames: int = 2048
+    max_frames_limit: int = 4096
+    # The talker's max_model_len must hold max_frames_limit frames after the longest prompt these
+    # allow (serving/repository.py talker_context sizes it; the builder fails when it cannot).
+    max_text_chars: int = 2000
+    max_instruct_chars: int = 1000
+    ref_min_seconds: float = 1.0
+    ref_max_seconds: float = 30.0
+    first_chunk_frames: int = 2
+    chunk_ramp: tuple = (4, 8, 16)
+    chunk_frames: int = 25
+    left_context_frames: int = 72
+    codec_frame_buckets: tuple = ()
+    max_in_flight: int = 64
+    max_queued: int = 64
+    # A request that makes no progress (no talker frames, no audio) for this long fails with
+    # UNAVAILABLE and frees its talker request, codec state and admission slot.
+    request_deadline_s: float = 60.0
+    # Base voice cloning: reference voices kept by voice_id (LRU; 0 = no cache) and where the
+    # speaker and codec encoders run (Base checkpoints only).
+    voice_cache_size: int = 256
+    encoder_device: str = "cpu"  # cpu | cuda
+
+    def __post_init__(self):
+        if not self.checkpoint:
+            raise ModelConfigError("parameter 'checkpoint' is required (a checkpoint directory)")
+        if not 0 <= self.voice_cache_size <= MAX_VOICE_CACHE_SIZE:
+            raise ModelConfigError(f"parameter 'voice_cache_size' must be in [0, {MAX_VOICE_CACHE_SIZE}] "
+                                   f"(0 disables the voice cache), got {self.voice_cache_size}")
+        _choice("encoder_device", self.encoder_device, ("cpu", "cuda"))
+        if self.default_task_type:
+            _choice("default_task_type", self.default_task_type, TASK_TYPES)
+        _choice("default_sample_format", self.default_sample_format, SAMPLE_FORMATS)
+        if not 0.5 <= self.request_deadline_s <= 3600:
+            raise ModelConfigError(f"parameter 'request_deadline_s' must be in [0.5, 3600] seconds, "
+                                   f"got {self.request_deadline_s}")
+        _choice("codec_mode", self.codec_mode, ("windowed", "stateful"))
+        _choice("codec_state", self.codec_state, STATE_RESIDENCY)
+        if self.codec_state == "resident" and self.codec_zero_state_start:
+            raise ModelConfigError("parameter 'codec_zero_state_start' needs codec_state request (a resident-state "
+                                   "codec opens streams with start=true)")
+        AdmissionConfig(self.max_in_flight, self.max_queued)
+
+    @classmethod
+    def from_parameters(cls, params):
+        return _from_parameters(cls, params)
+
+    def limits(self, checkpoint_task_type: str) -> TtsLimits:
+        return TtsLimits(
+            default_task_type=self.default_task_type or checkpoint_task_type,
+            default_speaker=self.default_speaker.lower() or None,
+            default_language=self.default_language.lower(),
+            default_sample_format=self.default_sample_format,
+            default_stream=self.default_stream,
+            default_temperature=self.default_temperature,
+            default_top_k=self.default_top_k,
+            default_max_frames=self.default_max_frames,
+            max_frames_limit=self.max_frames_limit,
+            max_text_chars=self.max_text_chars,
+            max_instruct_chars=self.max_instruct_chars,
+            ref_min_seconds=self.ref_min_seconds,
+            ref_max_seconds=self.ref_max_seconds,
+        )
+
+    def admission(self) -> AdmissionConfig:
+        return AdmissionConfig(self.max_in_flight, self.max_queued)

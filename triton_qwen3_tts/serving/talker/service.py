@@ -1,0 +1,147 @@
+"""The `talker` model's logic, independent of Triton: inputs -> prompt -> engine -> frames.
+
+Inputs are those of ``model_repository/talker/config.pbtxt.in``. The engine is any object with
+``async synthesize(TalkerRequest)`` yielding int32 ``[n, 16]``, ``async abort(request_id)`` and
+``shutdown()`` (the vLLM ``TalkerEngine`` or the native engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Dict, Mapping
+
+import numpy as np
+
+from triton_qwen3_tts.model.prompt import PromptError, PromptRequest
+from triton_qwen3_tts.serving.talker.coalesce import FrameCoalescer, check_response_frames
+from triton_qwen3_tts.serving.errors import as_request_error
+from triton_qwen3_tts.serving.tts.request import RequestError, _scalar
+
+log = logging.getLogger(__name__)
+
+TALKER_INPUTS = {
+    "text": "str", "task_type": "str", "speaker": "str", "language": "str", "instruct": "str",
+    "ref_text": "str", "temperature": "float", "top_k": "int", "seed": "int", "max_frames": "int",
+    "ignore_eos": "bool",
+}
+
+
+@dataclass
+class TalkerStats:
+    started: int = 0
+    finished: int = 0
+    aborted: int = 0
+    failed: int = 0
+    responses: int = 0  # frame arrays yielded (Triton responses carrying codes)
+
+
+class TalkerService:
+    def __init__(self, frontend, engine, default_max_frames: int = 2048, max_top_k: int = 2048):
+        self.frontend = frontend
+        self.engine = engine
+        self.default_max_frames = default_max_frames
+        self.max_top_k = max_top_k
+        self.live: Dict[str, asyncio.Task] = {}
+        self._aborted_ids: set = set()  # live requests an abort request has reached
+        self.stats = TalkerStats()
+
+    def parse(self, request_id: str, inputs: Mapping[str, Any]):
+        """Validate inputs; return the engine request (prompt built). Raises RequestError/PromptError."""
+        from triton_qwen3_tts.engines.base import TalkerRequest
+
+        v = {k: _scalar(k, inputs.get(k), kind) for k, kind in TALKER_INPUTS.items()}
+        if v["text"] is None:
+            raise RequestError("text", "is required")
+        temperature = 0.9 if v["temperature"] is None else v["temperature"]
+        if not math.isfinite(temperature) or temperature < 0:
+            raise RequestError("temperature", f"must be a finite number >= 0 (0 = greedy), got {temperature}")
+        top_k = 50 if v["top_k"] is None else v["top_k"]
+        if not 1 <= top_k <= self.max_top_k:
+            raise RequestError("top_k", f"must be in [1, {self.max_top_k}], got {top_k}")
+        max_frames = self.default_max_frames if v["max_frames"] is None else v["max_frames"]
+        if max_frames < 1:
+            raise RequestError("max_frames", f"must be >= 1, got {max_frames}")
+        ref_codes = inputs.get("ref_codes")
+        spk = inputs.get("speaker_embedding")
+        task = v["task_type"] or self.frontend.config.task_type
+        preq = self.frontend.validate(PromptRequest(
+            task_type=task, text=v["text"], language=v["language"] or "auto", speaker=v["speaker"],
+            instruct=v["instruct"], ref_text=v["ref_text"],
+            ref_codes=None if ref_codes is None else np.asarray(ref_codes).reshape(-1, 16),
+            x_vector_only=task == "Base" and ref_codes is None))
+        if preq.task_type == "Base":
+            if spk is None:
+                raise RequestError("speaker_embedding", "is required for task_type Base")
+            spk = np.asarray(spk, np.float32).reshape(-1)
+            if spk.shape[0] != self.frontend.config.talker.hidden_size or not np.all(np.isfinite(spk)):
+                raise RequestError("speaker_embedding", f"must be {self.frontend.config.talker.hidden_size} "
+                                   "finite floats")
+        elif spk is not None:
+            raise RequestError("speaker_embedding", "is only used with task_type Base")
+        built = self.frontend.build(preq, spk)
+        return TalkerRequest(
+            request_id=request_id, prompt_embeds=built.prompt_embeds, trailing=built.trailing,
+            max_frames=max_frames, greedy=temperature == 0.0, temperature=temperature or 1.0,
+            top_k=top_k, sub_temperature=temperature or 1.0, sub_top_k=top_k,
+            seed=v["seed"], suppress_eos=bool(v["ignore_eos"] or False))
+
+    async def stream(self, request_id: str, inputs: Mapping[str, Any]) -> AsyncIterator[np.ndarray]:
+        """Yield frames; the engine request is aborted if the consumer stops early or fails.
+        With the ``response_frames`` input, each yield ends on a boundary of those chunk sizes
+        (``coalesce.py``): one Triton response per chunk instead of one per engine step."""
+        from triton_qwen3_tts.engines.base import EngineError
+
+        try:
+            req = self.parse(request_id, inputs)
+        except (PromptError, EngineError) as e:
+            raise as_request_error(e) from None  # the field it names, written once
+        try:
+            coalescer = FrameCoalescer(check_response_frames(inputs.get("response_frames")))
+        except ValueError as e:
+            raise RequestError("response_frames", str(e)) from None
+        self.live[request_id] = asyncio.current_task()
+        self.stats.started += 1
+        done = False
+        try:
+            try:
+                agen = self.engine.synthesize(req)
+                async for frames in agen:
+                    out = coalescer.push(frames)
+                    if out is not None:
+                        self.stats.responses += 1
+                        yield out
+                tail = coalescer.flush()
+                if tail is not None:
+                    self.stats.responses += 1
+                    yield tail
+            except EngineError as e:  # refused before scheduling (too long, frame limit, top-k)
+                raise as_request_error(e) from None  # EngineError.field: the input refused
+            done = True
+        finally:
+            self.live.pop(request_id, None)
+            # An engine may end an aborted request's stream normally (the native engine does):
+            # count it as aborted all the same.
+            aborted = not done or request_id in self._aborted_ids
+            self._aborted_ids.discard(request_id)
+            if aborted:
+                self.stats.aborted += 1
+            else:
+                self.stats.finished += 1
+            if not done:
+                try:
+                    await self.engine.abort(request_id)
+                except Exception:  # noqa: BLE001
+                    log.exception("engine abort of %s failed", request_id)
+
+    async def abort(self, request_id: str) -> bool:
+        """Abort a live request by id (the tts model's explicit abort). True if it was live."""
+        task = self.live.get(request_id)
+        if task is not None:
+            self._aborted_ids.add(request_id)
+        await self.engine.abort(request_id)
+        if task is not None:
+            task.cancel()
+        return task is not None

@@ -1,0 +1,424 @@
+"""`tts`: decoupled Python BLS model. Thin adapter around triton_qwen3_tts.serving.tts.service.
+
+Triton specifics live here and only here: reading inputs, BLS calls to `talker` (decoupled) and
+`codec_decoder` (async, so concurrent streams batch there), response senders, custom metrics.
+"""
+
+import asyncio
+import collections
+import gc
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from triton_qwen3_tts.serving import profiling
+from triton_qwen3_tts.serving.stub import prepare_process
+from triton_qwen3_tts.serving.stub_procs import StubWatch
+from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.serving.model_config import TtsModelConfig, parameters_from_model_config
+from triton_qwen3_tts.serving.tts.pipeline import trim_window
+from triton_qwen3_tts.serving.tts.request import TTS_INPUTS
+from triton_qwen3_tts.serving.tts.service import SAMPLE_RATE, Metrics, TtsService
+from triton_qwen3_tts.serving.codec.batch import bucket
+from triton_qwen3_tts.serving.errors import downstream_error, error_code_name
+from triton_qwen3_tts.serving.codec.stateful import state_specs_from_checkpoint, zero_state_inputs
+from triton_qwen3_tts.serving.tts.codec_session import ResidentSession, StatefulSession
+
+
+def tensors_from_dict(d):
+    return [pb_utils.Tensor(name, value) for name, value in d.items()]
+
+
+class _TalkerBLS:
+    """Streams the talker's frames through a decoupled BLS call.
+
+    The BLS response iterator blocks, so each live stream holds a thread while it waits for the
+    talker. The threads come from a pool of their own, sized for every admitted stream plus
+    aborts: asyncio's default executor (min(32, cpus + 4) threads) would let at most that many
+    streams wait at once and queue the rest behind them.
+
+    Iterator lifetime (the tts stub's segfault under load, docs/design/serving.md): a Triton 2.51
+    ``ResponseIterator`` keeps every response it received, and once it has returned its FINAL
+    response it queues a clean-up message; the stub's C++ thread that sends it erases the iterator
+    from a map. If Python had already dropped the iterator, that erase destroys it and its
+    responses' numpy arrays on the C++ thread without the GIL, and the stub dies. So an iterator
+    that returned its FINAL is kept for ``ITERATOR_GRACE_S`` afterwards: the clean-up thread lets
+    go first, and Python's drop, with the GIL, is the last. One whose reader stopped early
+    (cancel, error) is read to its FINAL (the talker ends it after the abort) by a thread of its
+    own, then held the same way: left unread, the stub never cleans it up, and Triton then kept
+    the tts model live at shutdown until its exit timeout. Not the pool: reads of the abort
+    request's own iterator queue there."""
+
+    ITERATOR_GRACE_S = 10.0
+
+    def __init__(self, model_name: str, max_streams: int):
+        self.model_name = model_name
+        self.pool = ThreadPoolExecutor(max_workers=max_streams + 8, thread_name_prefix="tts-bls")
+        self._finished = collections.deque()  # (time, iterator): past their FINAL, held for the grace
+
+    def _hold(self, it):
+        """Keep a finished iterator for the grace period; drop older ones (event loop thread)."""
+        now = time.monotonic()
+        self._finished.append((now, it))
+        while now - self._finished[0][0] > self.ITERATOR_GRACE_S:
+            self._finished.popleft()
+
+    async def _read(self, it):
+        """All responses of one BLS call, read off the event loop; ends after its FINAL."""
+        loop = asyncio.get_running_loop()
+        pending, finished = None, False
+        try:
+            while True:
+                # The BLS response iterator blocks; advance it off the event loop (runbook C4).
+                pending = self.pool.submit(next, it, None)
+                resp = await asyncio.wrap_future(pending)
+                pending = None
+                if resp is None:
+                    finished = True
+                    return
+                yield resp
+        finally:
+            if finished:
+                self._hold(it)
+            else:
+                threading.Thread(target=self._read_to_end, args=(it, pending, loop), daemon=True,
+                                 name="tts-bls-drain").start()
+
+    def _read_to_end(self, it, pending, loop):
+        """The rest of an iterator whose reader stopped early, up to its FINAL; then hold it on
+        the loop. ``pending``: a read of it still running in the pool (it may be the last)."""
+        try:
+            done = pending is not None and pending.result() is None
+            while not done:
+                done = next(it, None) is None
+        except BaseException:  # noqa: BLE001 - a cancelled read or a dead talker: hold it anyway
+            pass
+        try:
+            loop.call_soon_threadsafe(self._hold, it)
+        except RuntimeError:  # the loop is closed (model unloading): nothing is left to race with
+            pass
+
+    async def stream(self, request_id, inputs):
+        req = pb_utils.InferenceRequest(model_name=self.model_name, request_id=request_id,
+                                        inputs=tensors_from_dict(inputs), requested_output_names=["codes"])
+        responses = self._read(await req.async_exec(decoupled=True))
+        try:
+            async for resp in responses:
+                if resp.has_error():
+                    # the talker's own code and field ("[INVALID_ARG] max_frames: ..." reaches the
+                    # client as that, once): serving/errors.py parses the message back
+                    raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
+                out = pb_utils.get_output_tensor_by_name(resp, "codes")
+                if out is not None:
+                    # Copy: the array must not depend on the lifetime of the BLS response's buffer
+                    # (the pipeline keeps frames across chunks; a view crashed the stub once in CI).
+                    codes = np.array(out.as_numpy())
+                    if codes.size:
+                        yield codes.reshape(-1, 16)
+        finally:
+            await responses.aclose()
+
+    async def abort(self, request_id):
+        # Triton 2.51's BLS response iterator has no cancel(); the talker takes an explicit abort.
+        req = pb_utils.InferenceRequest(
+            model_name=self.model_name,
+            inputs=[pb_utils.Tensor("abort_request_id", np.array([request_id.encode()], dtype=object))],
+            requested_output_names=["codes"])
+        responses = self._read(await req.async_exec(decoupled=True))
+        try:
+            async for _ in responses:
+                pass
+        finally:
+            await responses.aclose()
+
+
+class _CodecBLS:
+    def __init__(self, model_name: str, frame_buckets):
+        self.model_name = model_name
+        self.frame_buckets = tuple(frame_buckets)
+
+    async def decode(self, codes, left_context):
+        n_new = codes.shape[0] - left_context
+        t = bucket(codes.shape[0], self.frame_buckets)  # equal shapes batch in a TensorRT codec
+        window = np.zeros((1, t, 16), np.int64)
+        window[0, :codes.shape[0]] = codes
+        req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=["audio_values"],
+                                        inputs=[pb_utils.Tensor("audio_codes", window)])
+        resp = await req.async_exec()
+        if resp.has_error():
+            raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
+        audio = np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])  # own the samples
+        return trim_window(audio, left_context, num_frames=n_new)
+
+
+def _keep(t):
+    """A BLS output tensor kept past its response: a host copy, or a GPU torch copy (DLPack)."""
+    if t.is_cpu():
+        return np.array(t.as_numpy())
+    import torch
+
+    # device-side copy: the state must not depend on the lifetime of the BLS response's buffer
+    return torch.from_dlpack(t.to_dlpack()).clone()
+
+
+def _send(name, x):
+    if isinstance(x, np.ndarray):
+        return pb_utils.Tensor(name, x)
+    import torch.utils.dlpack
+
+    return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(x))
+
+
+class _StatefulCodecBLS:
+    """Per-request sessions on `codec_decoder_stateful`: each chunk sends only its new frames plus
+    the stream's state (none and start=true on the first chunk) and keeps the returned state.
+    State stays on the GPU as DLPack tensors when the codec runs there."""
+
+    def __init__(self, model_name: str, checkpoint: str, zero_start: bool = False):
+        self.model_name = model_name
+        self.specs = state_specs_from_checkpoint(checkpoint)
+        self.outputs = ["audio_values"] + [s.output_name for s in self.specs]
+        # a codec without optional inputs (TensorRT) gets an all-zero state instead of start=true
+        self.zero_start = zero_state_inputs(self.specs) if zero_start else None
+
+    def session(self):
+        return StatefulSession(self.step)
+
+    async def decode(self, codes, left_context):  # not used: the service opens sessions
+        raise RuntimeError("the stateful codec needs a session (codec.session())")
+
+    async def step(self, codes, state):
+        inputs = [pb_utils.Tensor("audio_codes", np.ascontiguousarray(codes, dtype=np.int64)[None])]
+        if state is None and self.zero_start is not None:
+            inputs += [pb_utils.Tensor(name, z) for name, z in self.zero_start]
+        elif state is None:
+            inputs.append(pb_utils.Tensor("start", np.ones((1, 1), np.bool_)))
+        else:
+            inputs += [_send(s.input_name, state[s.name]) for s in self.specs]
+        req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=self.outputs,
+                                        inputs=inputs)
+        resp = await req.async_exec()
+        if resp.has_error():
+            raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
+        audio = np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])
+        new = {s.name: _keep(pb_utils.get_output_tensor_by_name(resp, s.output_name)) for s in self.specs}
+        return audio, new
+
+
+class _ResidentCodecBLS:
+    """Per-request sessions on a `codec_decoder_stateful` that keeps the state itself (state
+    resident): each chunk sends its new frames and the stream id (start=true on the first); the
+    session's aclose() sends the release (end=true, no frames)."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+
+    def session(self):
+        return ResidentSession(self.step, self.release)
+
+    async def decode(self, codes, left_context):  # not used: the service opens sessions
+        raise RuntimeError("the stateful codec needs a session (codec.session())")
+
+    async def _call(self, inputs, outputs):
+        req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=outputs, inputs=inputs)
+        resp = await req.async_exec()
+        if resp.has_error():
+            # its own code: UNAVAILABLE (every codec state slot taken) stays retryable
+            raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
+        return resp
+
+    async def step(self, codes, stream_id, start):
+        inputs = [pb_utils.Tensor("audio_codes", np.ascontiguousarray(codes, dtype=np.int64)[None]),
+                  pb_utils.Tensor("stream_id", np.array([[stream_id]], np.uint64))]
+        if start:
+            inputs.append(pb_utils.Tensor("start", np.ones((1, 1), np.bool_)))
+        resp = await self._call(inputs, ["audio_values"])
+        return np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])
+
+    async def release(self, stream_id):
+        await self._call([pb_utils.Tensor("stream_id", np.array([[stream_id]], np.uint64)),
+                          pb_utils.Tensor("end", np.ones((1, 1), np.bool_))], ["audio_values"])
+
+
+class _Sender:
+    """One request's response sender and cancel probe. After the FINAL response it lets go of
+    the request and its sender at once: a reference cycle through an exception's traceback can
+    keep this object alive until the next garbage collection, and while the stub still holds a
+    request or its response sender, Triton counts the model as live and a server shutdown waits
+    its full exit timeout for it."""
+
+    def __init__(self, request):
+        self.request = request
+        self.sender = request.get_response_sender()
+
+    def cancelled(self):
+        return self.request is None or self.request.is_cancelled()
+
+    def audio(self, samples, final):
+        resp = pb_utils.InferenceResponse([pb_utils.Tensor("audio", samples), pb_utils.Tensor("sample_rate", _SR)])
+        self._send(resp, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+    def error(self, err):
+        name = error_code_name(err)
+        # gRPC/HTTP streaming carry only the message, so it starts with the code name too.
+        msg = f"[{name}] {err}"
+        self._send(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, getattr(pb_utils.TritonError, name))),
+                   pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _send(self, resp, flags):
+        if self.sender is None:
+            raise RuntimeError("response after the final one")
+        try:
+            self.sender.send(resp, flags=flags)
+        finally:
+            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self.sender = self.request = None
+
+
+_SR = np.array([SAMPLE_RATE], np.int32)
+
+
+def _log_failure(fut):
+    # handle() never raises by contract; if it ever does, the log must say so.
+    exc = fut.exception()
+    if exc is not None:
+        pb_utils.Logger.log_error(f"tts: request handler failed: {exc!r}")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        prepare_process()
+        profiling.maybe_start("tts")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
+        model_config = json.loads(args["model_config"])
+        self._instance = args.get("model_instance_name", "tts_0")
+        self.cfg = TtsModelConfig.from_parameters(parameters_from_model_config(model_config))
+        ckpt = Qwen3TTSConfig.from_file(os.path.join(self.cfg.checkpoint, "config.json"))
+        self._init_metrics()
+        if self.cfg.codec_mode == "stateful" and self.cfg.codec_state == "resident":
+            codec = _ResidentCodecBLS(self.cfg.codec_model)
+        elif self.cfg.codec_mode == "stateful":
+            codec = _StatefulCodecBLS(self.cfg.codec_model, self.cfg.checkpoint, self.cfg.codec_zero_state_start)
+        else:
+            codec = _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets)
+        self.encoders = None
+        if ckpt.task_type == "Base":  # voice cloning: encoders next to the voice cache (serving.md)
+            from triton_qwen3_tts.serving.tts.encoders import ReferenceEncoders
+
+            runs = self._metrics
+            self.encoders = ReferenceEncoders(self.cfg.checkpoint, self.cfg.encoder_device,
+                                              on_run=lambda name: runs[f"enc_{name}"].increment(1))
+        self.talker = _TalkerBLS(self.cfg.talker_model, self.cfg.max_in_flight + self.cfg.max_queued)
+        # the talker's and codec's stub processes: siblings of this one (children of tritonserver)
+        peers = StubWatch(os.getppid(), (self.cfg.talker_model, self.cfg.codec_model))
+        self.service = TtsService(self.cfg, ckpt, self.talker, codec, self.metrics,
+                                  encode=None if self.encoders is None else self.encoders.encode_async,
+                                  peers=peers)
+        # The service runs on its own event loop thread, so execute() returns at once (decoupled).
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
+        self.thread.start()
+        self._watchdog = asyncio.run_coroutine_threadsafe(self.service.watchdog(), self.loop)
+
+    def _init_metrics(self):
+        # Families must outlive their metrics (the stub refuses updates otherwise): keep both.
+        M = pb_utils.MetricFamily
+        # one label set per instance: with tts_instances > 1 each stub reports its own series
+        labels = {"model": "tts", "instance": self._instance}
+        self._families = {
+            "ttfa": M(name="qwen3_tts_time_to_first_audio_seconds",
+                      description="Time from request arrival to the first audio chunk", kind=M.HISTOGRAM),
+            "ttff": M(name="qwen3_tts_time_to_first_frames_seconds",
+                      description="Time from request arrival to the talker's first frames (TTFA minus "
+                                  "the first codec call and the send)", kind=M.HISTOGRAM),
+            "frames": M(name="qwen3_tts_frames_total", description="Codec frames decoded", kind=M.COUNTER),
+            "secs": M(name="qwen3_tts_audio_seconds_total", description="Audio seconds produced", kind=M.COUNTER),
+            "infl": M(name="qwen3_tts_requests_in_flight", description="Requests being served", kind=M.GAUGE),
+            "refused": M(name="qwen3_tts_requests_refused_total",
+                         description="Requests refused at the admission limit", kind=M.COUNTER),
+            "cancelled": M(name="qwen3_tts_requests_cancelled_total",
+                           description="Requests cancelled by the client", kind=M.COUNTER),
+            "states": M(name="qwen3_tts_codec_states_live",
+                        description="Streams holding stateful-codec state", kind=M.GAUGE),
+            "vhit": M(name="qwen3_tts_voice_cache_hits_total",
+                      description="Base requests whose voice_id was served from the voice cache (no encoder ran)",
+                      kind=M.COUNTER),
+            "vmiss": M(name="qwen3_tts_voice_cache_misses_total",
+                       description="Base requests with a voice_id not served from the voice cache", kind=M.COUNTER),
+            "vevict": M(name="qwen3_tts_voice_cache_evictions_total",
+                        description="Voices evicted from the voice cache (least recently used)", kind=M.COUNTER),
+            "vsize": M(name="qwen3_tts_voice_cache_entries", description="Voices in the voice cache",
+                       kind=M.GAUGE),
+            "enc": M(name="qwen3_tts_reference_encoder_runs_total",
+                     description="Reference encoder runs (encoder=speaker|codec)", kind=M.COUNTER),
+            "failed": M(name="qwen3_tts_requests_failed_total",
+                        description="Requests the watchdog ended (reason=stalled: no progress for "
+                                    "request_deadline_s; reason=peer_died: the talker or codec process died)",
+                        kind=M.COUNTER),
+        }
+        f = self._families
+        self._metrics = {k: (f[k].Metric(labels=labels, buckets=[0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
+                             if k in ("ttfa", "ttff") else f[k].Metric(labels=labels))
+                         for k in f if k not in ("enc", "failed")}
+        for name in ("speaker", "codec"):
+            self._metrics[f"enc_{name}"] = f["enc"].Metric(labels={**labels, "encoder": name})
+        for reason in ("stalled", "peer_died"):
+            self._metrics[f"failed_{reason}"] = f["failed"].Metric(labels={**labels, "reason": reason})
+        m = self._metrics
+        # codec_call goes to the profiler only: a metric update per chunk is one more IPC per chunk
+        self.metrics = Metrics(first_audio=m["ttfa"].observe, first_frames=m["ttff"].observe,
+                               codec_call=lambda s: profiling.timing("codec_call", s),
+                               frames=m["frames"].increment,
+                               audio_seconds=m["secs"].increment, in_flight=m["infl"].set,
+                               refused=lambda: m["refused"].increment(1),
+                               aborted=lambda: m["cancelled"].increment(1),
+                               codec_states_live=m["states"].set,
+                               voice_cache_hit=lambda: m["vhit"].increment(1),
+                               voice_cache_miss=lambda: m["vmiss"].increment(1),
+                               voice_cache_evicted=m["vevict"].increment,
+                               voice_cache_size=m["vsize"].set,
+                               failed=lambda reason: m[f"failed_{reason}"].increment(1))
+
+    def execute(self, requests):
+        for request in requests:
+            inputs = {}
+            for name in TTS_INPUTS:
+                t = pb_utils.get_input_tensor_by_name(request, name)
+                if t is not None:
+                    inputs[name] = np.array(t.as_numpy())  # owned: nothing pins the request's buffers
+            send = _Sender(request)
+            fut = asyncio.run_coroutine_threadsafe(self.service.handle(inputs, send, send.cancelled), self.loop)
+            fut.add_done_callback(_log_failure)
+        return None
+
+    def finalize(self):
+        # Every object that wraps a stub handle (senders, BLS requests and iterators, metrics)
+        # must be gone before the stub tears itself down: one left for the interpreter's exit
+        # garbage collection segfaulted the stub at every shutdown. So: cancel what still runs on
+        # the loop, stop it, drop the service and collect now.
+        async def drain():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.loop.shutdown_asyncgens()
+            await self.loop.shutdown_default_executor()
+
+        try:
+            asyncio.run_coroutine_threadsafe(drain(), self.loop).result(timeout=5)
+        except Exception as e:  # noqa: BLE001 - shut down regardless
+            pb_utils.Logger.log_warn(f"tts: draining the event loop at unload: {e!r}")
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+        self.talker.pool.shutdown(wait=False, cancel_futures=True)
+        if self.encoders is not None:
+            self.encoders.close()
+        self.service = self.talker = self.metrics = self._watchdog = None
+        self._metrics.clear()  # metrics before their families
+        self._families.clear()
+        gc.collect()
+        profiling.stop()

@@ -1,0 +1,340 @@
+"""Start, wait for and stop a Triton Inference Server on a model repository.
+
+Two kinds of server are supported:
+
+* **image**: a Triton release image (``/opt/tritonserver/bin/tritonserver`` or ``tritonserver`` on
+  PATH with its own backends directory): used as is.
+* **wheel**: the ``tritonserver`` 2.51.0 binary shipped inside the ``nvidia-pytriton`` wheel (Python
+  backend only). It needs the recipe of ``shared/runbook/cpu_stack.md`` section C: the Python-backend
+  stub copied next to the backend library, the wheel's bundled libraries and the interpreter's
+  ``libpython`` on ``LD_LIBRARY_PATH``, and the venv's ``bin`` first on ``PATH`` (the stub embeds
+  libpython and finds the venv's site-packages through the ``python3`` it sees on PATH).
+
+Process hygiene (runbook C3): the server is started in its own process group (``setsid``), bound to
+127.0.0.1 unless told otherwise, stopped with SIGTERM then SIGKILL on the whole group, and the
+Python backend's shared-memory files that a killed stub leaves behind are removed.
+
+Supervision: Triton 2.51 does not restart a Python-backend stub of a decoupled model that died
+(``stub_procs``); the server would keep reporting ready while every request to that model fails.
+While it runs, the launcher watches every stub of its server and, when one dies, waits
+``RESTART_GRACE_S`` (the ``tts`` model fails its requests in flight meanwhile), stops the server
+and starts it again (``--max-restarts``, default 5; ``--max-restarts 0`` exits with status 3
+instead, for an orchestrator that restarts containers). Readiness is false while it restarts.
+
+Usage: ``python -m triton_qwen3_tts.tools.launcher --model-repository DIR [--http-port 8000 ...]``
+(blocks until ready, then until interrupted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from triton_qwen3_tts.serving.stub_procs import StubWatch
+
+IMAGE_SERVER = "/opt/tritonserver/bin/tritonserver"
+IMAGE_BACKENDS = "/opt/tritonserver/backends"
+RESTART_GRACE_S = 2.0  # after a stub died: time for the tts model to fail its requests in flight
+EXIT_STUB_DIED = 3
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class ServerCommand:
+    argv: List[str]
+    env: dict
+    kind: str  # "image" | "wheel"
+
+
+def _wheel_root() -> Optional[str]:
+    try:
+        import pytriton  # noqa: F401  (the nvidia-pytriton wheel)
+    except Exception:
+        return None
+    purelib = sysconfig.get_paths()["purelib"]
+    root = os.path.join(purelib, "pytriton", "tritonserver")
+    return root if os.path.exists(os.path.join(root, "bin", "tritonserver")) else None
+
+
+def _prepare_wheel_backends(root: str, workdir: str) -> str:
+    """Copy the wheel's backends dir and the stub for this Python into ``workdir``; return it."""
+    pyv = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub_src = os.path.join(root, "python_backend_stubs", pyv, "triton_python_backend_stub")
+    if not os.path.exists(stub_src):
+        raise LaunchError(f"nvidia-pytriton has no Python backend stub for Python {pyv}")
+    backends = os.path.join(workdir, "backends")
+    stub_dst = os.path.join(backends, "python", "triton_python_backend_stub")
+    if not os.path.exists(stub_dst):
+        os.makedirs(workdir, exist_ok=True)
+        shutil.copytree(os.path.join(root, "backends"), backends, dirs_exist_ok=True)
+        shutil.copy2(stub_src, stub_dst)
+        os.chmod(stub_dst, 0o755)
+    return backends
+
+
+def server_command(
+    model_repository: str,
+    http_port: int = 8000,
+    grpc_port: int = 8001,
+    metrics_port: int = 8002,
+    address: str = "127.0.0.1",
+    extra_args: Optional[List[str]] = None,
+    workdir: Optional[str] = None,
+    prefer: str = "auto",
+) -> ServerCommand:
+    """Build the tritonserver command line and environment (nothing is started)."""
+    if prefer not in ("auto", "image", "wheel"):
+        raise LaunchError(f"prefer must be auto, image or wheel, got {prefer!r}")
+    repo = os.path.abspath(model_repository)
+    if not os.path.isdir(repo):
+        raise LaunchError(f"model repository {repo} does not exist")
+    env = dict(os.environ)
+    common = [
+        f"--model-repository={repo}",
+        f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
+        f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}",
+        "--allow-gpu-metrics=false",
+        "--log-verbose=0",
+    ] + list(extra_args or [])
+    image_bin = IMAGE_SERVER if os.path.exists(IMAGE_SERVER) else None
+    if prefer in ("auto", "image") and image_bin:
+        return ServerCommand([image_bin, f"--backend-directory={IMAGE_BACKENDS}"] + common, env, "image")
+    root = _wheel_root()
+    if root is None:
+        if prefer == "image":
+            raise LaunchError(f"no Triton image server at {IMAGE_SERVER}")
+        raise LaunchError(
+            "no tritonserver found: neither a Triton image (/opt/tritonserver) nor the "
+            "nvidia-pytriton wheel is installed (run scripts/setup_env.sh)"
+        )
+    workdir = workdir or os.environ.get("QWEN3_TTS_TRITON_WORKDIR", "/tmp/triton_qwen3_tts_backends")
+    backends = _prepare_wheel_backends(root, workdir)
+    purelib = sysconfig.get_paths()["purelib"]
+    libs = [os.path.join(purelib, "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
+    if env.get("LD_LIBRARY_PATH"):
+        libs.append(env["LD_LIBRARY_PATH"])
+    env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return ServerCommand(
+        [os.path.join(root, "bin", "tritonserver"), f"--backend-directory={backends}"] + common, env, "wheel"
+    )
+
+
+@dataclass
+class TritonServer:
+    """A running tritonserver process group. Use as a context manager or call ``stop()``."""
+
+    command: ServerCommand
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    log_path: str
+    proc: Optional[subprocess.Popen] = None
+    _log: object = field(default=None, repr=False)
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> "TritonServer":
+        # A stale server on our ports would answer the readiness probe in our place.
+        for port in (self.http_port, self.grpc_port, self.metrics_port):
+            if _port_in_use(port):
+                raise LaunchError(f"port {port} is already in use (another tritonserver still running?)")
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.command.argv, env=self.command.env, stdout=self._log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise LaunchError(
+                    f"tritonserver exited with code {self.proc.returncode} before it was ready; "
+                    f"log tail:\n{self.log_tail()}"
+                )
+            if self.is_ready():
+                return
+            time.sleep(0.5)
+        raise LaunchError(f"tritonserver not ready after {timeout:.0f} s; log tail:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-n:]).decode("utf-8", "replace")
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout: float = 8.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        # Stubs of a server that died ignore SIGTERM (runbook C3): kill the whole group.
+        _signal_group(self.proc.pid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        if self._log is not None:
+            self._log.close()
+        cleanup_shm()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _port_in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def cleanup_shm() -> None:
+    """Remove Python-backend shared-memory regions whose owners are gone."""
+    for path in glob.glob("/dev/shm/triton_python_backend_shm_region_*"):
+        try:
+            # A region still mapped by a live process stays; an orphan is safe to remove.
+            if not _in_use(path):
+                os.remove(path)
+        except OSError:
+            pass
+
+
+def _in_use(path: str) -> bool:
+    target = os.path.realpath(path)
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps, "r", errors="replace") as f:
+                if target in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def start_server(model_repository: str, http_port: int, grpc_port: int, metrics_port: int,
+                 log_path: str, extra_args=None, ready_timeout: float = 300.0, **kw) -> TritonServer:
+    cmd = server_command(model_repository, http_port, grpc_port, metrics_port, extra_args=extra_args, **kw)
+    server = TritonServer(cmd, http_port, grpc_port, metrics_port, log_path).start()
+    try:
+        server.wait_ready(ready_timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-repository", required=True)
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--address", default="127.0.0.1", help="bind address (0.0.0.0 inside containers)")
+    p.add_argument("--log", default="tritonserver.log")
+    p.add_argument("--ready-timeout", type=float, default=900.0)
+    p.add_argument("--server", choices=["auto", "image", "wheel"], default="auto")
+    p.add_argument("--max-restarts", type=int, default=5,
+                   help="restart the server this many times when one of its model processes dies "
+                        "(0: exit with status 3 instead; default 5)")
+    p.add_argument("--stop-timeout", type=float, default=8.0,
+                   help="seconds a stopping server gets before it is killed (default 8)")
+    p.add_argument("extra", nargs="*", help="extra tritonserver arguments (after --)")
+    a = p.parse_args(argv)
+    cmd = server_command(a.model_repository, a.http_port, a.grpc_port, a.metrics_port, a.address,
+                         a.extra, prefer=a.server)
+    server = TritonServer(cmd, a.http_port, a.grpc_port, a.metrics_port, a.log).start()
+    print(f"tritonserver ({cmd.kind}) starting; log: {a.log}", flush=True)
+    stop = {"flag": False}
+
+    def _on_signal(signum, frame):
+        stop["flag"] = True
+
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    restarts = 0
+    try:
+        while True:
+            server.wait_ready(a.ready_timeout)
+            print(f"ready: grpc {server.grpc_url}, http {server.http_url}, metrics :{a.metrics_port}", flush=True)
+            dead = supervise(server, stop)
+            if not dead:
+                break
+            names = ", ".join(f"{s.instance} (pid {s.pid})" for s in dead)
+            if restarts >= a.max_restarts:
+                print(f"error: model process {names} died; not restarting (--max-restarts {a.max_restarts})",
+                      file=sys.stderr, flush=True)
+                return EXIT_STUB_DIED
+            restarts += 1
+            print(f"model process {names} died: restarting the server ({restarts}/{a.max_restarts})",
+                  file=sys.stderr, flush=True)
+            time.sleep(RESTART_GRACE_S)
+            server.stop(a.stop_timeout)
+            server.start()
+    finally:
+        server.stop(a.stop_timeout)
+    return 0 if stop["flag"] else (server.proc.returncode or 1)
+
+
+def supervise(server: "TritonServer", stop: dict, interval: float = 0.5) -> list:
+    """Block while the server runs and ``stop["flag"]`` is unset; returns the stubs that died
+    (empty when the server exited or a stop was asked for)."""
+    watch = StubWatch(server.proc.pid)
+    while not stop["flag"] and server.proc.poll() is None:
+        dead = watch.poll()
+        if dead:
+            return dead
+        time.sleep(interval)
+    return []
+
+
+if __name__ == "__main__":
+    sys.exit(main())
