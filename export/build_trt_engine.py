@@ -63,28 +63,59 @@ from triton_qwen3_tts.export.codec_onnx import (  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--stateful", action="store_true",
-                    help="build the stateful codec's ONNX (state I/O; needs --checkpoint or --preset)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    ap.add_argument(
+        "--stateful",
+        action="store_true",
+        help="build the stateful codec's ONNX (state I/O; needs --checkpoint or --preset)",
+    )
     ap.add_argument("--checkpoint", default=None, help="--stateful: checkpoint directory giving the state layout")
     ap.add_argument("--preset", default=None, help="--stateful: presets.py name giving the state layout (e.g. tiny)")
-    ap.add_argument("--onnx", default=None,
-                    help=f"input ONNX (default {DEFAULT_ONNX_PATH}; --stateful: {DEFAULT_STATEFUL_ONNX_PATH})")
-    ap.add_argument("--out", default=None,
-                    help=f"engine path (default {DEFAULT_PLAN_PATH}; --stateful: {DEFAULT_STATEFUL_PLAN_PATH})")
-    ap.add_argument("--batch-profile", type=int, nargs=3, metavar=("MIN", "OPT", "MAX"), default=None,
-                    help="batch sizes of the profile (default 1 8 64; MAX should be the model's max_batch_size)")
-    ap.add_argument("--frames-profile", type=int, nargs=3, metavar=("MIN", "OPT", "MAX"), default=None,
-                    help="frames per window, context included (default 1 97 97); --stateful: new frames per "
-                         "call (default 1 25 25)")
+    ap.add_argument(
+        "--onnx",
+        default=None,
+        help=f"input ONNX (default {DEFAULT_ONNX_PATH}; --stateful: {DEFAULT_STATEFUL_ONNX_PATH})",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help=f"engine path (default {DEFAULT_PLAN_PATH}; --stateful: {DEFAULT_STATEFUL_PLAN_PATH})",
+    )
+    ap.add_argument(
+        "--batch-profile",
+        type=int,
+        nargs=3,
+        metavar=("MIN", "OPT", "MAX"),
+        default=None,
+        help="batch sizes of the profile (default 1 8 64; MAX should be the model's max_batch_size)",
+    )
+    ap.add_argument(
+        "--frames-profile",
+        type=int,
+        nargs=3,
+        metavar=("MIN", "OPT", "MAX"),
+        default=None,
+        help="frames per window, context included (default 1 97 97); --stateful: new frames per call (default 1 25 25)",
+    )
     ap.add_argument("--fp32", action="store_true", help="build in fp32 (default: fp16 enabled)")
-    ap.add_argument("--timing-cache", default=DEFAULT_TIMING_CACHE,
-                    help=f"timing cache file, read if present and updated (default {DEFAULT_TIMING_CACHE}); "
-                         "'' disables it")
-    ap.add_argument("--workspace-mib", type=int, default=None, help="builder workspace limit in MiB (default: TensorRT's)")
-    ap.add_argument("--opt-level", type=int, default=None, choices=range(0, 6), metavar="0..5",
-                    help="builder optimization level (default: TensorRT's, 3)")
+    ap.add_argument(
+        "--timing-cache",
+        default=DEFAULT_TIMING_CACHE,
+        help=f"timing cache file, read if present and updated (default {DEFAULT_TIMING_CACHE}); '' disables it",
+    )
+    ap.add_argument(
+        "--workspace-mib", type=int, default=None, help="builder workspace limit in MiB (default: TensorRT's)"
+    )
+    ap.add_argument(
+        "--opt-level",
+        type=int,
+        default=None,
+        choices=range(0, 6),
+        metavar="0..5",
+        help="builder optimization level (default: TensorRT's, 3)",
+    )
     return ap
 
 
@@ -138,8 +169,9 @@ def build_engine(args) -> bytes:
         got_in, got_out = _network_io(network[1])
         problems = check_io(got_in, want_in, "input") + check_io(got_out, want_out, "output", dynamic_ok=True)
         if problems:
-            raise RuntimeError("the ONNX does not match the state layout of --checkpoint/--preset: "
-                               + "; ".join(problems))
+            raise RuntimeError(
+                "the ONNX does not match the state layout of --checkpoint/--preset: " + "; ".join(problems)
+            )
     cache = args.timing_cache or None
     if cache:
         os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)

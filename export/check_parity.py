@@ -97,22 +97,43 @@ TOLERANCES = {  # precision -> (atol, rtol, mean_atol)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    ap.add_argument("--stateful", action="store_true",
-                    help="check the stateful codec's engine (state I/O; needs --checkpoint or --preset)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
+    ap.add_argument(
+        "--stateful",
+        action="store_true",
+        help="check the stateful codec's engine (state I/O; needs --checkpoint or --preset)",
+    )
     ap.add_argument("--checkpoint", default=None, help="--stateful: checkpoint directory giving the state layout")
     ap.add_argument("--preset", default=None, help="--stateful: presets.py name giving the state layout")
-    ap.add_argument("--onnx", default=None,
-                    help=f"reference ONNX (default {DEFAULT_ONNX_PATH}; --stateful: {DEFAULT_STATEFUL_ONNX_PATH})")
-    ap.add_argument("--engine", default=None,
-                    help=f"TensorRT engine (default {DEFAULT_PLAN_PATH}; --stateful: {DEFAULT_STATEFUL_PLAN_PATH})")
-    ap.add_argument("--batch-profile", type=int, nargs=3, metavar=("MIN", "OPT", "MAX"), default=None,
-                    help="default 1 8 64")
-    ap.add_argument("--frames-profile", type=int, nargs=3, metavar=("MIN", "OPT", "MAX"), default=None,
-                    help="default 1 97 97; --stateful: 1 25 25")
-    ap.add_argument("--state-tol", type=float, default=None,
-                    help="--stateful: override the state tolerance (relative to max(1, |state|))")
+    ap.add_argument(
+        "--onnx",
+        default=None,
+        help=f"reference ONNX (default {DEFAULT_ONNX_PATH}; --stateful: {DEFAULT_STATEFUL_ONNX_PATH})",
+    )
+    ap.add_argument(
+        "--engine",
+        default=None,
+        help=f"TensorRT engine (default {DEFAULT_PLAN_PATH}; --stateful: {DEFAULT_STATEFUL_PLAN_PATH})",
+    )
+    ap.add_argument(
+        "--batch-profile", type=int, nargs=3, metavar=("MIN", "OPT", "MAX"), default=None, help="default 1 8 64"
+    )
+    ap.add_argument(
+        "--frames-profile",
+        type=int,
+        nargs=3,
+        metavar=("MIN", "OPT", "MAX"),
+        default=None,
+        help="default 1 97 97; --stateful: 1 25 25",
+    )
+    ap.add_argument(
+        "--state-tol",
+        type=float,
+        default=None,
+        help="--stateful: override the state tolerance (relative to max(1, |state|))",
+    )
     ap.add_argument("--shapes", default=None, help="comma list of BATCHxFRAMES inside the profile (default: derived)")
     ap.add_argument("--fp32", action="store_true", help="fp32 engine: use the fp32 tolerances")
     ap.add_argument("--atol", type=float, default=None, help="override the elementwise absolute tolerance")
@@ -143,8 +164,10 @@ def parse_args(argv=None):
             ap.error(f"--shapes: {e}")
         outside = [f"{b}x{t}" for b, t in args.shape_list if not args.profile.contains(b, t)]
         if outside:
-            ap.error(f"--shapes outside the profile (batch {args.profile.batch}, frames {args.profile.frames}): "
-                     f"{', '.join(outside)}")
+            ap.error(
+                f"--shapes outside the profile (batch {args.profile.batch}, frames {args.profile.frames}): "
+                f"{', '.join(outside)}"
+            )
     else:
         args.shape_list = args.profile.test_shapes()
     atol, rtol, mean_atol = TOLERANCES["fp32" if args.fp32 else "fp16"]
@@ -173,8 +196,9 @@ def run_parity(args) -> bool:
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
     from polygraphy.comparator import Comparator, SimpleCompareFunc
 
-    feeds = [{INPUT_NAME: random_codes(b, t, args.codebook_size, args.seed + k)}
-             for k, (b, t) in enumerate(args.shape_list)]
+    feeds = [
+        {INPUT_NAME: random_codes(b, t, args.codebook_size, args.seed + k)} for k, (b, t) in enumerate(args.shape_list)
+    ]
     ort = OnnxrtRunner(SessionFromOnnx(args.onnx, providers=["cpu"]), name="onnxrt")
     engine = EngineFromBytes(BytesFromPath(args.engine))
     trt_runner = TrtRunner(engine, name="tensorrt")
@@ -191,11 +215,14 @@ def run_parity(args) -> bool:
         d = np.abs(got.astype(np.float64) - ref)
         good = d.mean() <= args.mean_atol
         ok &= bool(good)
-        print(f"{'ok  ' if good else 'FAIL'} batch={b:3d} frames={t:4d} max_abs={d.max():.3e} "
-              f"mean_abs={d.mean():.3e} p99={np.quantile(d, 0.99):.3e}")
+        print(
+            f"{'ok  ' if good else 'FAIL'} batch={b:3d} frames={t:4d} max_abs={d.max():.3e} "
+            f"mean_abs={d.mean():.3e} p99={np.quantile(d, 0.99):.3e}"
+        )
 
     acc = Comparator.compare_accuracy(
-        results, compare_func=SimpleCompareFunc(atol=args.atol, rtol=args.rtol, check_error_stat="elemwise"))
+        results, compare_func=SimpleCompareFunc(atol=args.atol, rtol=args.rtol, check_error_stat="elemwise")
+    )
     print(f"polygraphy elementwise (atol={args.atol}, rtol={args.rtol}): {'PASSED' if acc else 'FAILED'}")
     ok &= bool(acc)
 
@@ -208,11 +235,13 @@ def run_parity(args) -> bool:
             batched = np.array(runner.infer({INPUT_NAME: codes})[OUTPUT_NAME])
             worst = 0.0
             for i in range(b):
-                alone = np.asarray(runner.infer({INPUT_NAME: np.ascontiguousarray(codes[i:i + 1])})[OUTPUT_NAME])[0]
+                alone = np.asarray(runner.infer({INPUT_NAME: np.ascontiguousarray(codes[i : i + 1])})[OUTPUT_NAME])[0]
                 worst = max(worst, float(np.abs(alone.astype(np.float64) - batched[i]).max()))
             good = worst <= args.atol
             ok &= good
-            print(f"{'ok  ' if good else 'FAIL'} rows batch={b:3d} frames={t:4d}: max |row alone - row in batch| = {worst:.3e}")
+            print(
+                f"{'ok  ' if good else 'FAIL'} rows batch={b:3d} frames={t:4d}: max |row alone - row in batch| = {worst:.3e}"
+            )
     return ok
 
 
@@ -230,6 +259,7 @@ def run_stateful_parity(args) -> bool:
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
     with TrtRunner(EngineFromBytes(BytesFromPath(args.engine)), name="tensorrt") as runner:
+
         def trt_run(feed):
             return {k: np.array(v) for k, v in runner.infer(feed).items()}  # copies: buffers are reused
 
@@ -286,8 +316,10 @@ def stateful_checks(args, run_engine) -> bool:
         sd_err, problems = compare_state(ref, got, io)
         good = d.max() <= args.atol and d.mean() <= args.mean_atol and sd_err <= args.state_tol and not problems
         ok &= bool(good)
-        print(f"{'ok  ' if good else 'FAIL'} {label}: audio max_abs={d.max():.3e} mean_abs={d.mean():.3e}; "
-              f"state max_rel={sd_err:.3e}{'; ' + '; '.join(problems) if problems else ''}")
+        print(
+            f"{'ok  ' if good else 'FAIL'} {label}: audio max_abs={d.max():.3e} mean_abs={d.mean():.3e}; "
+            f"state max_rel={sd_err:.3e}{'; ' + '; '.join(problems) if problems else ''}"
+        )
 
     def trt_run(c, state):
         return run_engine({INPUT_NAME: c, **state})
@@ -299,14 +331,24 @@ def stateful_checks(args, run_engine) -> bool:
         if b > 1 and args.profile.batch[0] == 1:
             worst = 0.0
             for i in range(b):
-                alone = trt_run(np.ascontiguousarray(c[i:i + 1]),
-                                {k: np.ascontiguousarray(v[i:i + 1]) for k, v in state.items()})
-                worst = max(worst, float(np.abs(np.asarray(alone[OUTPUT_NAME])[0].astype(np.float64)
-                                                - np.asarray(got[OUTPUT_NAME])[i]).max()))
+                alone = trt_run(
+                    np.ascontiguousarray(c[i : i + 1]),
+                    {k: np.ascontiguousarray(v[i : i + 1]) for k, v in state.items()},
+                )
+                worst = max(
+                    worst,
+                    float(
+                        np.abs(
+                            np.asarray(alone[OUTPUT_NAME])[0].astype(np.float64) - np.asarray(got[OUTPUT_NAME])[i]
+                        ).max()
+                    ),
+                )
             good = worst <= args.atol
             ok &= good
-            print(f"{'ok  ' if good else 'FAIL'} rows batch={b:3d} frames={t:4d}: "
-                  f"max |row alone - row in batch| = {worst:.3e}")
+            print(
+                f"{'ok  ' if good else 'FAIL'} rows batch={b:3d} frames={t:4d}: "
+                f"max |row alone - row in batch| = {worst:.3e}"
+            )
 
     # a carried stream: each side feeds back its own state
     b, t = max(args.profile.batch[0], min(2, args.profile.batch[2])), args.profile.frames[1]
@@ -324,9 +366,11 @@ def main(argv=None) -> int:
     if not have_tensorrt():
         print(f"error: {TENSORRT_MISSING}", file=sys.stderr)
         return EXIT_NO_TENSORRT
-    print(f"engine {args.engine} vs onnxruntime {args.onnx}; shapes "
-          f"{', '.join(f'{b}x{t}' for b, t in args.shape_list)}; atol={args.atol} rtol={args.rtol} "
-          f"mean_atol={args.mean_atol}" + (f" state_tol={args.state_tol}" if args.stateful else ""))
+    print(
+        f"engine {args.engine} vs onnxruntime {args.onnx}; shapes "
+        f"{', '.join(f'{b}x{t}' for b, t in args.shape_list)}; atol={args.atol} rtol={args.rtol} "
+        f"mean_atol={args.mean_atol}" + (f" state_tol={args.state_tol}" if args.stateful else "")
+    )
     t0 = time.time()
     ok = run_stateful_parity(args) if args.stateful else run_parity(args)
     print(f"parity {'PASSED' if ok else 'FAILED'} ({time.time() - t0:.1f}s)")

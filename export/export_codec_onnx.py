@@ -32,15 +32,23 @@ EXIT_OK, EXIT_PARITY, EXIT_USAGE = 0, 1, 2
 def build_parser() -> argparse.ArgumentParser:
     from triton_qwen3_tts.export.codec_onnx import DEFAULT_ONNX_PATH, DEFAULT_OPSET
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     ap.add_argument("--checkpoint", required=True, help="Qwen3-TTS checkpoint directory (official layout)")
     ap.add_argument("--out", default=DEFAULT_ONNX_PATH, help=f"output ONNX path (default: {DEFAULT_ONNX_PATH})")
     ap.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset, >= 18 (default {DEFAULT_OPSET})")
-    ap.add_argument("--no-trt-fusion-barrier", dest="trt_fusion_barrier", action="store_false",
-                    help="do not insert the TensorRT 10.x fusion barrier around the post-transformer Transpose")
-    ap.add_argument("--parity-shapes", default="1x1,1x2,2x13,3x37,2x97",
-                    help="comma list of BATCHxFRAMES for the parity check (default: %(default)s)")
+    ap.add_argument(
+        "--no-trt-fusion-barrier",
+        dest="trt_fusion_barrier",
+        action="store_false",
+        help="do not insert the TensorRT 10.x fusion barrier around the post-transformer Transpose",
+    )
+    ap.add_argument(
+        "--parity-shapes",
+        default="1x1,1x2,2x13,3x37,2x97",
+        help="comma list of BATCHxFRAMES for the parity check (default: %(default)s)",
+    )
     ap.add_argument("--atol", type=float, default=1e-4, help="max |onnx - torch| allowed (default 1e-4)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random test codes")
     ap.add_argument("--skip-parity", action="store_true", help="export only (not recommended)")
@@ -106,8 +114,9 @@ def main(argv=None) -> int:
                 ok = False
 
     t0 = time.time()
-    rep = check_parity(decoder, args.out, shapes, atol=args.atol, codebook_size=cb, seed=args.seed,
-                       samples_per_frame=spf)
+    rep = check_parity(
+        decoder, args.out, shapes, atol=args.atol, codebook_size=cb, seed=args.seed, samples_per_frame=spf
+    )
     print(rep.summary())
     print(f"parity time {time.time() - t0:.1f}s")
     ok = ok and rep.ok

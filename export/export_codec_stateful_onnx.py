@@ -54,8 +54,14 @@ def io_names(sd) -> Tuple[List[str], List[str]]:
     return [INPUT_NAME] + ins, [OUTPUT_NAME] + outs
 
 
-def export_stateful_onnx(decoder, path: str, opset: int = 18, example_batch: int = 2,
-                         example_frames: int = 11, trt_fusion_barrier: bool = False) -> str:
+def export_stateful_onnx(
+    decoder,
+    path: str,
+    opset: int = 18,
+    example_batch: int = 2,
+    example_frames: int = 11,
+    trt_fusion_barrier: bool = False,
+) -> str:
     """Export ``StatefulCodecDecoder(decoder)`` (fp32) with dynamic batch and frames axes;
     ``trt_fusion_barrier``: then insert the TensorRT fusion barrier (module docstring)."""
     import warnings
@@ -83,9 +89,17 @@ def export_stateful_onnx(decoder, path: str, opset: int = 18, example_batch: int
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with torch.inference_mode(False), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # TorchScript exporter deprecation / tracer warnings
-        torch.onnx.export(sd, (codes, *flat), path, dynamo=False, opset_version=opset,
-                          do_constant_folding=True, input_names=in_names, output_names=out_names,
-                          dynamic_axes=dyn)
+        torch.onnx.export(
+            sd,
+            (codes, *flat),
+            path,
+            dynamo=False,
+            opset_version=opset,
+            do_constant_folding=True,
+            input_names=in_names,
+            output_names=out_names,
+            dynamic_axes=dyn,
+        )
     onnx.checker.check_model(onnx.load(path))
     if trt_fusion_barrier:
         from triton_qwen3_tts.export.codec_onnx import apply_trt_fusion_barrier_file
@@ -103,8 +117,9 @@ def ort_session(path: str):
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 
 
-def check_stateful_parity(decoder, path: str, schedule: Sequence[int] = DEFAULT_SCHEDULE, batch: int = 2,
-                          seed: int = 0, session=None) -> dict:
+def check_stateful_parity(
+    decoder, path: str, schedule: Sequence[int] = DEFAULT_SCHEDULE, batch: int = 2, seed: int = 0, session=None
+) -> dict:
     """Return ``{"stream_max_abs", "rows_max_abs", "frames"}``: ORT chunked (state carried through
     ORT) vs PyTorch whole decode; and rows at different positions batched vs solo ORT calls."""
     import torch
@@ -127,7 +142,7 @@ def check_stateful_parity(decoder, path: str, schedule: Sequence[int] = DEFAULT_
     zero = [t.numpy() for t in sd.flatten_state(sd.init_state(batch))]
     flat, pieces, start = zero, [], 0
     for ch in schedule:
-        a, flat = run(codes[:, start:start + ch], flat)
+        a, flat = run(codes[:, start : start + ch], flat)
         pieces.append(a)
         start += ch
     stream_err = float(np.abs(np.concatenate(pieces, axis=1).astype(np.float64) - ref).max())
@@ -139,16 +154,18 @@ def check_stateful_parity(decoder, path: str, schedule: Sequence[int] = DEFAULT_
     for r, p in enumerate(positions[:batch]):
         st = [z[:1] for z in zero]
         if p:
-            _, st = run(codes[r:r + 1, :p], st)
+            _, st = run(codes[r : r + 1, :p], st)
         row_states.append(st)
-        a, _ = run(codes[r:r + 1, p:p + new_t], st)
+        a, _ = run(codes[r : r + 1, p : p + new_t], st)
         solo.append(a[0])
     stacked = [np.concatenate(ts, axis=0) for ts in zip(*row_states)]
-    new_codes = np.stack([codes[r, p:p + new_t] for r, p in enumerate(positions[:batch])])
+    new_codes = np.stack([codes[r, p : p + new_t] for r, p in enumerate(positions[:batch])])
     both, _ = run(new_codes, stacked)
     rows_err = max(float(np.abs(both[r].astype(np.float64) - solo[r]).max()) for r in range(len(solo)))
     for r, p in enumerate(positions[:batch]):
-        rows_err = max(rows_err, float(np.abs(both[r].astype(np.float64) - ref[r, p * 1920:(p + new_t) * 1920]).max()))
+        rows_err = max(
+            rows_err, float(np.abs(both[r].astype(np.float64) - ref[r, p * 1920 : (p + new_t) * 1920]).max())
+        )
     return {"stream_max_abs": stream_err, "rows_max_abs": rows_err, "frames": total}
 
 
@@ -168,8 +185,9 @@ def _load(args):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", help="Qwen3-TTS checkpoint directory (official layout)")
     src.add_argument("--preset", help="random weights of a presets.py size (e.g. tiny)")
@@ -178,8 +196,11 @@ def main(argv=None) -> int:
     ap.add_argument("--opset", type=int, default=18)
     ap.add_argument("--atol", type=float, default=1e-4)
     ap.add_argument("--skip-parity", action="store_true")
-    ap.add_argument("--no-trt-fusion-barrier", action="store_true",
-                    help="do not insert the TensorRT fusion barrier (see the module docstring)")
+    ap.add_argument(
+        "--no-trt-fusion-barrier",
+        action="store_true",
+        help="do not insert the TensorRT fusion barrier (see the module docstring)",
+    )
     args = ap.parse_args(argv)
     if args.checkpoint and not os.path.isdir(args.checkpoint):
         print(f"error: checkpoint directory not found: {args.checkpoint}", file=sys.stderr)
@@ -190,14 +211,18 @@ def main(argv=None) -> int:
     dec = _load(args)
     t0 = time.time()
     export_stateful_onnx(dec, args.out, args.opset, trt_fusion_barrier=not args.no_trt_fusion_barrier)
-    print(f"exported {args.out} in {time.time() - t0:.1f}s"
-          + ("" if args.no_trt_fusion_barrier else " (with the TensorRT fusion barrier)"))
+    print(
+        f"exported {args.out} in {time.time() - t0:.1f}s"
+        + ("" if args.no_trt_fusion_barrier else " (with the TensorRT fusion barrier)")
+    )
     if args.skip_parity:
         return EXIT_OK
     r = check_stateful_parity(dec, args.out)
     ok = r["stream_max_abs"] <= args.atol and r["rows_max_abs"] <= args.atol
-    print(f"parity {'OK' if ok else 'FAILED'}: stream max_abs={r['stream_max_abs']:.3e} "
-          f"rows max_abs={r['rows_max_abs']:.3e} frames={r['frames']} atol={args.atol:.1e}")
+    print(
+        f"parity {'OK' if ok else 'FAILED'}: stream max_abs={r['stream_max_abs']:.3e} "
+        f"rows max_abs={r['rows_max_abs']:.3e} frames={r['frames']} atol={args.atol:.1e}"
+    )
     return EXIT_OK if ok else EXIT_PARITY
 
 

@@ -23,8 +23,13 @@ def main(argv=None) -> int:
     for f in dataclasses.fields(RepositorySettings):
         flag = "--" + f.name.replace("_", "-")
         if f.type in ("bool", bool):
-            p.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=f.default,
-                           metavar="true|false", help=f"(default {f.default})")
+            p.add_argument(
+                flag,
+                type=lambda s: s.lower() in ("1", "true", "yes"),
+                default=f.default,
+                metavar="true|false",
+                help=f"(default {f.default})",
+            )
         elif f.default is dataclasses.MISSING:
             p.add_argument(flag, required=True)
         else:
@@ -40,14 +45,18 @@ def main(argv=None) -> int:
     with open(f"{path}/build.json") as f:
         ctx = json.load(f)["talker_context"]
     s = RepositorySettings(**a)
-    print(f"talker max_model_len {ctx['max_model_len']}: max_frames_limit {s.max_frames_limit} frames after a "
-          f"prompt of up to {ctx['max_prompt_rows']} rows (max_text_chars {s.max_text_chars}, max_instruct_chars "
-          f"{s.max_instruct_chars}, at most 4 tokens per character) + 1")
+    print(
+        f"talker max_model_len {ctx['max_model_len']}: max_frames_limit {s.max_frames_limit} frames after a "
+        f"prompt of up to {ctx['max_prompt_rows']} rows (max_text_chars {s.max_text_chars}, max_instruct_chars "
+        f"{s.max_instruct_chars}, at most 4 tokens per character) + 1"
+    )
     if ctx.get("warning"):
         print(f"warning: {ctx['warning']}", file=sys.stderr)
     if s.engine == "native":
-        print(f"native engine KV cache: {ctx['native_kv_cache_bytes'] / 2**30:.1f} GiB "
-              f"({s.max_num_seqs} + 1 slots x {ctx['max_model_len']} positions)")
+        print(
+            f"native engine KV cache: {ctx['native_kv_cache_bytes'] / 2**30:.1f} GiB "
+            f"({s.max_num_seqs} + 1 slots x {ctx['max_model_len']} positions)"
+        )
     return 0
 
 

@@ -44,8 +44,9 @@ def _load(args, torch):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", help="checkpoint directory (official layout)")
     src.add_argument("--preset", default="1.7b-customvoice", help="random weights of a presets.py size")
@@ -53,8 +54,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="float32", choices=sorted(TOLERANCES))
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 3, 8, 17, 64])
     ap.add_argument("--frames", type=int, nargs="+", default=[1, 2, 4, 8, 16, 25])
-    ap.add_argument("--batch-buckets", type=int, nargs="+", default=None,
-                    help="default: 1 2 4 8 16 32 64 up to the largest --batch")
+    ap.add_argument(
+        "--batch-buckets", type=int, nargs="+", default=None, help="default: 1 2 4 8 16 32 64 up to the largest --batch"
+    )
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tol", type=float, default=None, help="override the tolerance")
@@ -86,11 +88,15 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     runner.warmup()
     sync()
-    print(f"decoder {args.checkpoint or args.preset} on {dev} {args.dtype}; batch buckets {buckets}, frames {frames}; "
-          f"{len(runner.captured)} graphs captured in {time.perf_counter() - t0:.1f}s; tolerance {tol:g}")
+    print(
+        f"decoder {args.checkpoint or args.preset} on {dev} {args.dtype}; batch buckets {buckets}, frames {frames}; "
+        f"{len(runner.captured)} graphs captured in {time.perf_counter() - t0:.1f}s; tolerance {tol:g}"
+    )
     if dev.type == "cuda":
-        print(f"GPU memory allocated {torch.cuda.memory_allocated(dev) / 2**30:.2f} GiB, "
-              f"reserved {torch.cuda.memory_reserved(dev) / 2**30:.2f} GiB")
+        print(
+            f"GPU memory allocated {torch.cuda.memory_allocated(dev) / 2**30:.2f} GiB, "
+            f"reserved {torch.cuda.memory_reserved(dev) / 2**30:.2f} GiB"
+        )
     size = dec.config.codebook_size
     gen = torch.Generator().manual_seed(args.seed)
 
@@ -111,8 +117,10 @@ def main(argv=None) -> int:
         return ts[len(ts) // 2] * 1e3
 
     ok = True
-    print(f"{'B':>4} {'T':>3} {'bucket':>6} {'audio max|d|':>13} {'state max rel|d|':>17} "
-          f"{'eager ms':>9} {'graph ms':>9} {'x':>5}")
+    print(
+        f"{'B':>4} {'T':>3} {'bucket':>6} {'audio max|d|':>13} {'state max rel|d|':>17} "
+        f"{'eager ms':>9} {'graph ms':>9} {'x':>5}"
+    )
     with torch.inference_mode():
         for b in args.batch:
             # rows at different positions: row i has decoded (5 * i) % 90 frames
@@ -142,8 +150,10 @@ def main(argv=None) -> int:
                 tg = timed(lambda: runner.step(c, state))
                 key = graph_key(b, t, runner.batch_buckets, runner.frame_buckets)
                 where = str(key[0]) if via_graph and key else "eager"
-                print(f"{b:4d} {t:3d} {where:>6} {da:13.3e} {ds:17.3e} "
-                      f"{te:9.2f} {tg:9.2f} {te / tg:5.2f}{'' if good else '  FAIL' + ('' if finite else ' (NaN/Inf)')}")
+                print(
+                    f"{b:4d} {t:3d} {where:>6} {da:13.3e} {ds:17.3e} "
+                    f"{te:9.2f} {tg:9.2f} {te / tg:5.2f}{'' if good else '  FAIL' + ('' if finite else ' (NaN/Inf)')}"
+                )
 
         # exactness of a whole stream through the runner (mixed T, some eager)
         n = 150
@@ -159,15 +169,17 @@ def main(argv=None) -> int:
         st = runner.init_state(2)
         out, pos = [], 0
         for ch in sched:
-            a, st = runner.step(stream[:, pos:pos + ch], st)
+            a, st = runner.step(stream[:, pos : pos + ch], st)
             out.append(a)
             pos += ch
         whole = dec.decode(stream)
         d = (torch.cat(out, dim=1).double() - whole.double()).abs().max().item()
         good = d <= tol
         ok &= good
-        print(f"stream of {n} frames in chunks {sched} (2 rows) through the runner vs whole decode: "
-              f"max |d| = {d:.3e} {'ok' if good else 'FAIL'}")
+        print(
+            f"stream of {n} frames in chunks {sched} (2 rows) through the runner vs whole decode: "
+            f"max |d| = {d:.3e} {'ok' if good else 'FAIL'}"
+        )
     print(f"graph calls {runner.graph_calls}, eager fallbacks {runner.eager_calls}")
     print("PASSED" if ok else "FAILED")
     return 0 if ok else 1

@@ -95,47 +95,93 @@ DECODE_CODES_SEED = 4321
 DECODE_FRAMES = 40
 
 EN_TEXT = "Hello world, this is a parity test."
-EN_LONG = ("The quick brown fox jumps over the lazy dog, and then it runs far away into the "
-           "forest while the birds keep singing their long songs in the morning light.")
+EN_LONG = (
+    "The quick brown fox jumps over the lazy dog, and then it runs far away into the "
+    "forest while the birds keep singing their long songs in the morning light."
+)
 ZH_TEXT = "你好，世界！今天天气很好。"
 REF_TEXT = "This is the reference recording."
 
 # (name, preset, method, kwargs); method is the official wrapper's method.
 CASES = [
-    ("cv_en_vivian_english", "tiny", "generate_custom_voice",
-     dict(text=EN_TEXT, speaker="Vivian", language="English")),
-    ("cv_zh_eric_auto_dialect", "tiny", "generate_custom_voice",
-     dict(text=ZH_TEXT, speaker="eric", language="Auto")),
-    ("cv_zh_dylan_chinese_dialect", "tiny", "generate_custom_voice",
-     dict(text=ZH_TEXT, speaker="dylan", language="Chinese")),
-    ("cv_en_ryan_auto_instruct", "tiny", "generate_custom_voice",
-     dict(text=EN_TEXT, speaker="ryan", language="Auto", instruct="Speak slowly and calmly.")),
-    ("cv_en_aiden_english_streaming", "tiny", "generate_custom_voice",
-     dict(text=EN_TEXT, speaker="aiden", language="English", non_streaming_mode=False)),
+    ("cv_en_vivian_english", "tiny", "generate_custom_voice", dict(text=EN_TEXT, speaker="Vivian", language="English")),
+    ("cv_zh_eric_auto_dialect", "tiny", "generate_custom_voice", dict(text=ZH_TEXT, speaker="eric", language="Auto")),
+    (
+        "cv_zh_dylan_chinese_dialect",
+        "tiny",
+        "generate_custom_voice",
+        dict(text=ZH_TEXT, speaker="dylan", language="Chinese"),
+    ),
+    (
+        "cv_en_ryan_auto_instruct",
+        "tiny",
+        "generate_custom_voice",
+        dict(text=EN_TEXT, speaker="ryan", language="Auto", instruct="Speak slowly and calmly."),
+    ),
+    (
+        "cv_en_aiden_english_streaming",
+        "tiny",
+        "generate_custom_voice",
+        dict(text=EN_TEXT, speaker="aiden", language="English", non_streaming_mode=False),
+    ),
     # Mixed-case words: the official processor is loaded with fix_mistral_regex=True, which under
     # transformers 4.57.3 swaps the pre-tokenizer regex ("HelloWorld" -> "Hello", "World").
-    ("cv_en_serena_english_mixedcase", "tiny", "generate_custom_voice",
-     dict(text="OpenAI's iPhone app says HelloWorld at 10:45.", speaker="serena", language="English")),
-    ("vd_en_english", "tiny-voicedesign", "generate_voice_design",
-     dict(text=EN_TEXT, instruct="A warm, deep male voice.", language="English")),
-    ("vd_zh_auto", "tiny-voicedesign", "generate_voice_design",
-     dict(text=ZH_TEXT, instruct="温柔的女声，语速稍慢。", language="Auto")),
+    (
+        "cv_en_serena_english_mixedcase",
+        "tiny",
+        "generate_custom_voice",
+        dict(text="OpenAI's iPhone app says HelloWorld at 10:45.", speaker="serena", language="English"),
+    ),
+    (
+        "vd_en_english",
+        "tiny-voicedesign",
+        "generate_voice_design",
+        dict(text=EN_TEXT, instruct="A warm, deep male voice.", language="English"),
+    ),
+    (
+        "vd_zh_auto",
+        "tiny-voicedesign",
+        "generate_voice_design",
+        dict(text=ZH_TEXT, instruct="温柔的女声，语速稍慢。", language="Auto"),
+    ),
     # (no instruct="" case: officially allowed, but our prompt.validate_request rejects a
     # VoiceDesign request without an instruction on purpose)
-    ("vd_en_english_streaming", "tiny-voicedesign", "generate_voice_design",
-     dict(text=EN_TEXT, instruct="Bright young female voice.", language="English",
-          non_streaming_mode=False)),
-    ("base_xvec_en_english", "tiny-base", "generate_voice_clone",
-     dict(text=EN_TEXT, language="English", x_vector_only_mode=True)),
-    ("base_xvec_zh_auto_nonstreaming", "tiny-base", "generate_voice_clone",
-     dict(text=ZH_TEXT, language="Auto", x_vector_only_mode=True, non_streaming_mode=True)),
-    ("base_icl_en_english", "tiny-base", "generate_voice_clone",
-     dict(text=EN_TEXT, language="English", ref_text=REF_TEXT, x_vector_only_mode=False)),
-    ("base_icl_long_english", "tiny-base", "generate_voice_clone",  # text longer than the ref codes
-     dict(text=EN_LONG, language="English", ref_text=REF_TEXT, x_vector_only_mode=False)),
-    ("base_icl_en_nonstreaming", "tiny-base", "generate_voice_clone",
-     dict(text=EN_TEXT, language="English", ref_text=REF_TEXT, x_vector_only_mode=False,
-          non_streaming_mode=True)),
+    (
+        "vd_en_english_streaming",
+        "tiny-voicedesign",
+        "generate_voice_design",
+        dict(text=EN_TEXT, instruct="Bright young female voice.", language="English", non_streaming_mode=False),
+    ),
+    (
+        "base_xvec_en_english",
+        "tiny-base",
+        "generate_voice_clone",
+        dict(text=EN_TEXT, language="English", x_vector_only_mode=True),
+    ),
+    (
+        "base_xvec_zh_auto_nonstreaming",
+        "tiny-base",
+        "generate_voice_clone",
+        dict(text=ZH_TEXT, language="Auto", x_vector_only_mode=True, non_streaming_mode=True),
+    ),
+    (
+        "base_icl_en_english",
+        "tiny-base",
+        "generate_voice_clone",
+        dict(text=EN_TEXT, language="English", ref_text=REF_TEXT, x_vector_only_mode=False),
+    ),
+    (
+        "base_icl_long_english",
+        "tiny-base",
+        "generate_voice_clone",  # text longer than the ref codes
+        dict(text=EN_LONG, language="English", ref_text=REF_TEXT, x_vector_only_mode=False),
+    ),
+    (
+        "base_icl_en_nonstreaming",
+        "tiny-base",
+        "generate_voice_clone",
+        dict(text=EN_TEXT, language="English", ref_text=REF_TEXT, x_vector_only_mode=False, non_streaming_mode=True),
+    ),
 ]
 
 
@@ -181,8 +227,9 @@ class Recorder:
             self.last["attention_mask"] = kwargs["attention_mask"].detach().cpu().numpy()
             self.last["trailing_text_hidden"] = kwargs["trailing_text_hidden"].detach().cpu().float().numpy()
             self.last["tts_pad_embed"] = kwargs["tts_pad_embed"].detach().cpu().float().numpy()
-            self.last["talker_kwargs"] = {k: v for k, v in kwargs.items()
-                                          if isinstance(v, (bool, int, float, str)) or v is None}
+            self.last["talker_kwargs"] = {
+                k: v for k, v in kwargs.items() if isinstance(v, (bool, int, float, str)) or v is None
+            }
             return orig_talker_generate(*args, **kwargs)
 
         model.generate = generate
@@ -196,8 +243,9 @@ class Recorder:
 def load(path: Path):
     from qwen_tts import Qwen3TTSModel
 
-    w = Qwen3TTSModel.from_pretrained(str(path), dtype=torch.float32, device_map="cpu",
-                                      attn_implementation=ATTN_IMPLEMENTATION)
+    w = Qwen3TTSModel.from_pretrained(
+        str(path), dtype=torch.float32, device_map="cpu", attn_implementation=ATTN_IMPLEMENTATION
+    )
     w.model.eval()
     _check_weights_loaded(w.model, path / "model.safetensors")
     _check_weights_loaded(w.model.speech_tokenizer.model, path / "speech_tokenizer" / "model.safetensors")
@@ -228,8 +276,19 @@ def versions() -> dict:
     import importlib.metadata as md
 
     out = {"python": platform.python_version()}
-    for pkg in ("qwen-tts", "torch", "transformers", "accelerate", "numpy", "librosa",
-                "soundfile", "onnxruntime", "einops", "safetensors", "huggingface_hub"):
+    for pkg in (
+        "qwen-tts",
+        "torch",
+        "transformers",
+        "accelerate",
+        "numpy",
+        "librosa",
+        "soundfile",
+        "onnxruntime",
+        "einops",
+        "safetensors",
+        "huggingface_hub",
+    ):
         try:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
@@ -239,13 +298,25 @@ def versions() -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--checkpoints", type=Path, required=True,
-                    help="dir with tiny/, tiny-base/, tiny-voicedesign/ random checkpoints")
-    ap.add_argument("--checkpoint-seed", type=int, required=True,
-                    help="seed the checkpoints were written with (recorded in the manifest)")
+    ap.add_argument(
+        "--checkpoints",
+        type=Path,
+        required=True,
+        help="dir with tiny/, tiny-base/, tiny-voicedesign/ random checkpoints",
+    )
+    ap.add_argument(
+        "--checkpoint-seed",
+        type=int,
+        required=True,
+        help="seed the checkpoints were written with (recorded in the manifest)",
+    )
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--extra-manifest", type=Path, default=None,
-                    help="json merged into the manifest's 'generator' entry (from make_golden.py)")
+    ap.add_argument(
+        "--extra-manifest",
+        type=Path,
+        default=None,
+        help="json merged into the manifest's 'generator' entry (from make_golden.py)",
+    )
     args = ap.parse_args(argv)
 
     import qwen_tts  # noqa: F401  (after the stubs)
@@ -259,8 +330,9 @@ def main(argv=None) -> int:
         "attn_implementation": ATTN_IMPLEMENTATION,
         "dtype": "float32",
         "device": "cpu",
-        "checkpoints": {p: {"preset": p, "seed": args.checkpoint_seed}
-                        for p in ("tiny", "tiny-base", "tiny-voicedesign")},
+        "checkpoints": {
+            p: {"preset": p, "seed": args.checkpoint_seed} for p in ("tiny", "tiny-base", "tiny-voicedesign")
+        },
         "greedy": dict(GREEDY),
         "cases": [],
     }
@@ -269,10 +341,14 @@ def main(argv=None) -> int:
 
     wav = reference_waveform()
     arrays["ref_wav"] = wav
-    manifest["ref_wav"] = {"key": "ref_wav", "sample_rate": SR, "seconds": REF_WAV_SECONDS,
-                           "seed": REF_WAV_SEED,
-                           "recipe": "0.5*sin(chirp 150->3000 Hz, linear) + 0.02*N(0,1) "
-                                     "(numpy default_rng(seed).standard_normal), float32"}
+    manifest["ref_wav"] = {
+        "key": "ref_wav",
+        "sample_rate": SR,
+        "seconds": REF_WAV_SECONDS,
+        "seed": REF_WAV_SEED,
+        "recipe": "0.5*sin(chirp 150->3000 Hz, linear) + 0.02*N(0,1) "
+        "(numpy default_rng(seed).standard_normal), float32",
+    }
 
     wrappers = {}
 
@@ -288,10 +364,16 @@ def main(argv=None) -> int:
     wavs, sr = cv.model.speech_tokenizer.decode({"audio_codes": torch.from_numpy(codes)})
     arrays["decode_codes"] = codes.astype(np.int16)
     arrays["decode_wav"] = wavs[0].astype(np.float32)
-    manifest["decode"] = {"checkpoint": "tiny", "codes_key": "decode_codes", "wav_key": "decode_wav",
-                          "frames": DECODE_FRAMES, "seed": DECODE_CODES_SEED, "sample_rate": sr,
-                          "recipe": "numpy default_rng(seed).integers(0, 2048, (frames, 16))",
-                          "call": "speech_tokenizer.decode({'audio_codes': codes[T,16]})"}
+    manifest["decode"] = {
+        "checkpoint": "tiny",
+        "codes_key": "decode_codes",
+        "wav_key": "decode_wav",
+        "frames": DECODE_FRAMES,
+        "seed": DECODE_CODES_SEED,
+        "sample_rate": sr,
+        "recipe": "numpy default_rng(seed).integers(0, 2048, (frames, 16))",
+        "call": "speech_tokenizer.decode({'audio_codes': codes[T,16]})",
+    }
     print(f"decode: {codes.shape} -> {wavs[0].shape}", flush=True)
 
     # (d) speaker embedding and (e) reference codes of the reference waveform (Base checkpoint)
@@ -304,12 +386,19 @@ def main(argv=None) -> int:
     assert np.array_equal(spk, direct_spk) and np.array_equal(ref_codes, direct_codes)
     arrays["speaker_embedding"] = spk
     arrays["ref_codes"] = ref_codes.astype(np.int16)
-    manifest["speaker_embedding"] = {"checkpoint": "tiny-base", "wav_key": "ref_wav",
-                                     "key": "speaker_embedding",
-                                     "call": "model.extract_speaker_embedding(audio=ref_wav, sr=24000)"}
-    manifest["ref_codes"] = {"checkpoint": "tiny-base", "wav_key": "ref_wav", "key": "ref_codes",
-                             "shape": list(ref_codes.shape),
-                             "call": "model.speech_tokenizer.encode(ref_wav, sr=24000).audio_codes[0]"}
+    manifest["speaker_embedding"] = {
+        "checkpoint": "tiny-base",
+        "wav_key": "ref_wav",
+        "key": "speaker_embedding",
+        "call": "model.extract_speaker_embedding(audio=ref_wav, sr=24000)",
+    }
+    manifest["ref_codes"] = {
+        "checkpoint": "tiny-base",
+        "wav_key": "ref_wav",
+        "key": "ref_codes",
+        "shape": list(ref_codes.shape),
+        "call": "model.speech_tokenizer.encode(ref_wav, sr=24000).audio_codes[0]",
+    }
     print(f"speaker embedding {spk.shape}, ref codes {ref_codes.shape}", flush=True)
 
     # (a) prompt embeddings + trailing queue and (b) greedy codes for every case
@@ -327,25 +416,32 @@ def main(argv=None) -> int:
         arrays[pk + "trailing"] = rec["trailing_text_hidden"][0]
         arrays[pk + "tts_pad_embed"] = rec["tts_pad_embed"].reshape(-1)
         arrays[pk + "codes"] = rec["codes"][0].astype(np.int16)
-        entry = {"name": name, "checkpoint": preset, "method": method,
-                 "task_type": {"generate_custom_voice": "CustomVoice",
-                               "generate_voice_design": "VoiceDesign",
-                               "generate_voice_clone": "Base"}[method],
-                 "kwargs": kw,
-                 "non_streaming_mode": kw.get("non_streaming_mode",
-                                              method != "generate_voice_clone"),
-                 "uses_ref_wav": method == "generate_voice_clone",
-                 "input_ids": rec["input_ids"][0],
-                 "instruct_ids": (rec["instruct_ids"] or [None])[0],
-                 "ref_ids": (rec["ref_ids"] or [None])[0],
-                 "talker_kwargs": rec["talker_kwargs"],
-                 "prompt_len": int(rec["inputs_embeds"].shape[1]),
-                 "trailing_len": int(rec["trailing_text_hidden"].shape[1]),
-                 "num_frames": int(rec["codes"][0].shape[0]),
-                 "keys": {k: pk + k for k in ("prompt_embeds", "trailing", "tts_pad_embed", "codes")}}
+        entry = {
+            "name": name,
+            "checkpoint": preset,
+            "method": method,
+            "task_type": {
+                "generate_custom_voice": "CustomVoice",
+                "generate_voice_design": "VoiceDesign",
+                "generate_voice_clone": "Base",
+            }[method],
+            "kwargs": kw,
+            "non_streaming_mode": kw.get("non_streaming_mode", method != "generate_voice_clone"),
+            "uses_ref_wav": method == "generate_voice_clone",
+            "input_ids": rec["input_ids"][0],
+            "instruct_ids": (rec["instruct_ids"] or [None])[0],
+            "ref_ids": (rec["ref_ids"] or [None])[0],
+            "talker_kwargs": rec["talker_kwargs"],
+            "prompt_len": int(rec["inputs_embeds"].shape[1]),
+            "trailing_len": int(rec["trailing_text_hidden"].shape[1]),
+            "num_frames": int(rec["codes"][0].shape[0]),
+            "keys": {k: pk + k for k in ("prompt_embeds", "trailing", "tts_pad_embed", "codes")},
+        }
         manifest["cases"].append(entry)
-        print(f"{name}: prompt {entry['prompt_len']}, trailing {entry['trailing_len']}, "
-              f"frames {entry['num_frames']}", flush=True)
+        print(
+            f"{name}: prompt {entry['prompt_len']}, trailing {entry['trailing_len']}, frames {entry['num_frames']}",
+            flush=True,
+        )
 
     args.out.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out / "golden.npz", **arrays)

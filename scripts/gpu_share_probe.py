@@ -74,8 +74,15 @@ def _load_role(args) -> int:
     print("READY", flush=True)
     shared = run(args.seconds, stop=args.out + ".stop")  # until the probe is done
     with open(args.out, "w") as f:
-        json.dump({"gemms": n, "alone_ms": statistics.median(alone), "shared_ms": statistics.median(shared),
-                   "shared_p95_ms": sorted(shared)[int(0.95 * (len(shared) - 1))]}, f)
+        json.dump(
+            {
+                "gemms": n,
+                "alone_ms": statistics.median(alone),
+                "shared_ms": statistics.median(shared),
+                "shared_p95_ms": sorted(shared)[int(0.95 * (len(shared) - 1))],
+            },
+            f,
+        )
     return 0
 
 
@@ -90,8 +97,9 @@ def _codec_runner(args, torch):
     dec = init_random_codec_weights(CodecDecoder(cfg), 0).to("cuda", torch.bfloat16).eval()
     sd = StatefulCodecDecoder(dec)
     shapes = [tuple(int(v) for v in c.lower().split("x")) for c in args.calls]
-    runner = StatefulGraphRunner(sd, "cuda", torch.bfloat16, sorted({b for b, _ in shapes}),
-                                 sorted({t for _, t in shapes}))
+    runner = StatefulGraphRunner(
+        sd, "cuda", torch.bfloat16, sorted({b for b, _ in shapes}), sorted({t for _, t in shapes})
+    )
     runner.warmup()
     return sd, runner, shapes, cfg.codebook_size
 
@@ -114,8 +122,9 @@ def _time_calls(sd, runner, shapes, size, iters, torch):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     ap.add_argument("--preset", default="1.7b-customvoice")
     ap.add_argument("--calls", nargs="+", default=["1x1", "1x2", "8x25", "64x25"], help="codec call shapes BxT")
     ap.add_argument("--load-ms", type=float, default=6.5, help="the competing graph's replay time alone")
@@ -143,9 +152,22 @@ def main(argv=None) -> int:
     alone = _time_calls(sd, runner, shapes, size, args.iters, torch)
     seconds = 60.0 + 0.2 * args.iters * len(shapes)  # an upper bound: the probe stops it when done
     out_file = f"/tmp/gpu_share_probe_{os.getpid()}.json"
-    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--role", "load", "--load-ms",
-                              str(args.load_ms), "--seconds", str(seconds), "--out", out_file],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--role",
+            "load",
+            "--load-ms",
+            str(args.load_ms),
+            "--seconds",
+            str(seconds),
+            "--out",
+            out_file,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     line = child.stdout.readline()
     if "READY" not in line:
         print(f"error: the load process did not start ({line!r})", file=sys.stderr)
@@ -157,17 +179,30 @@ def main(argv=None) -> int:
     with open(out_file) as f:
         load = json.load(f)
     mps = os.path.exists(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps") + "/control")
-    print(f"{torch.cuda.get_device_name()}; MPS daemon {'running' if mps else 'not running'}; "
-          f"load: {load['gemms']} bf16 GEMMs 4096^3 per graph")
-    print(f"load replay alone {load['alone_ms']:.2f} ms, while the codec calls run {load['shared_ms']:.2f} ms "
-          f"(p95 {load['shared_p95_ms']:.2f})")
+    print(
+        f"{torch.cuda.get_device_name()}; MPS daemon {'running' if mps else 'not running'}; "
+        f"load: {load['gemms']} bf16 GEMMs 4096^3 per graph"
+    )
+    print(
+        f"load replay alone {load['alone_ms']:.2f} ms, while the codec calls run {load['shared_ms']:.2f} ms "
+        f"(p95 {load['shared_p95_ms']:.2f})"
+    )
     print(f"{'codec call BxT':>15} {'alone ms':>9} {'shared ms':>10} {'x':>6}")
     for k in alone:
         print(f"{k:>15} {alone[k]:9.2f} {shared[k]:10.2f} {shared[k] / alone[k]:6.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"mps": mps, "load": load, "codec_alone_ms": alone, "codec_shared_ms": shared,
-                       "load_ms_target": args.load_ms}, f, indent=2)
+            json.dump(
+                {
+                    "mps": mps,
+                    "load": load,
+                    "codec_alone_ms": alone,
+                    "codec_shared_ms": shared,
+                    "load_ms_target": args.load_ms,
+                },
+                f,
+                indent=2,
+            )
     return 0
 
 

@@ -67,9 +67,15 @@ def ensure_venv(venv: Path) -> Path:
     _run(pip + [TORCH])
     _run(pip + PINS + [TORCH])  # torch repeated so the resolver can never swap it
     _run(pip + ["--no-deps", OFFICIAL])
-    _run([py, "-c", "import torch, transformers, numpy; assert torch.__version__.startswith('2.13.0'), "
-                    "torch.__version__; assert not torch.version.cuda; print('golden venv ok', "
-                    "torch.__version__, transformers.__version__, numpy.__version__)"])
+    _run(
+        [
+            py,
+            "-c",
+            "import torch, transformers, numpy; assert torch.__version__.startswith('2.13.0'), "
+            "torch.__version__; assert not torch.version.cuda; print('golden venv ok', "
+            "torch.__version__, transformers.__version__, numpy.__version__)",
+        ]
+    )
     stamp_file.write_text(_stamp() + "\n")
     return py
 
@@ -83,8 +89,9 @@ def _sha256(path: Path) -> str:
 
 
 def checkpoint_hashes(d: Path) -> dict:
-    return {str(p.relative_to(d)): _sha256(p) for p in sorted(d.rglob("*"))
-            if p.is_file() and not p.name.startswith(".")}
+    return {
+        str(p.relative_to(d)): _sha256(p) for p in sorted(d.rglob("*")) if p.is_file() and not p.name.startswith(".")
+    }
 
 
 def write_checkpoints(project_py: Path, out: Path, seed: int) -> dict:
@@ -93,9 +100,21 @@ def write_checkpoints(project_py: Path, out: Path, seed: int) -> dict:
         d = out / preset
         for attempt in range(3):  # a transient crash (a bus error once) must not kill the run
             try:
-                _run([project_py, ROOT / "scripts" / "make_random_checkpoint.py", "--preset", preset,
-                      "--seed", seed, "--out", d, "--no-progress", "--overwrite"],
-                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+                _run(
+                    [
+                        project_py,
+                        ROOT / "scripts" / "make_random_checkpoint.py",
+                        "--preset",
+                        preset,
+                        "--seed",
+                        seed,
+                        "--out",
+                        d,
+                        "--no-progress",
+                        "--overwrite",
+                    ],
+                    env={**os.environ, "OMP_NUM_THREADS": "1"},
+                )
                 break
             except subprocess.CalledProcessError:
                 if attempt == 2:
@@ -109,12 +128,20 @@ def write_checkpoints(project_py: Path, out: Path, seed: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv", type=Path, default=ROOT / ".venv-golden")
-    ap.add_argument("--project-python", type=Path, default=None,
-                    help="python of the project venv (default: .venv/bin/python, else this python)")
+    ap.add_argument(
+        "--project-python",
+        type=Path,
+        default=None,
+        help="python of the project venv (default: .venv/bin/python, else this python)",
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")
     ap.add_argument("--seed", type=int, default=0, help="random checkpoint seed (conftest TINY_SEED)")
-    ap.add_argument("--keep-checkpoints", type=Path, default=None,
-                    help="write the checkpoints here and keep them (default: a temp dir, removed)")
+    ap.add_argument(
+        "--keep-checkpoints",
+        type=Path,
+        default=None,
+        help="write the checkpoints here and keep them (default: a temp dir, removed)",
+    )
     args = ap.parse_args(argv)
 
     project_py = args.project_python or (ROOT / ".venv" / "bin" / "python")
@@ -126,17 +153,40 @@ def main(argv=None) -> int:
     try:
         tmp.mkdir(parents=True, exist_ok=True)
         hashes = write_checkpoints(Path(project_py), tmp, args.seed)
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True,
-                                text=True).stdout.strip() or None
-        extra = {"script": "scripts/make_golden.py", "repo_commit": commit,
-                 "checkpoint_seed": args.seed, "checkpoint_sha256": hashes,
-                 "command": "python scripts/make_golden.py"}
+        commit = (
+            subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+            or None
+        )
+        extra = {
+            "script": "scripts/make_golden.py",
+            "repo_commit": commit,
+            "checkpoint_seed": args.seed,
+            "checkpoint_sha256": hashes,
+            "command": "python scripts/make_golden.py",
+        }
         extra_file = tmp / "extra_manifest.json"
         extra_file.write_text(json.dumps(extra))
-        _run([golden_py, ROOT / "scripts" / "golden_official.py", "--checkpoints", tmp,
-              "--checkpoint-seed", args.seed, "--out", args.out, "--extra-manifest", extra_file],
-             env={**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error",
-                  "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""})
+        _run(
+            [
+                golden_py,
+                ROOT / "scripts" / "golden_official.py",
+                "--checkpoints",
+                tmp,
+                "--checkpoint-seed",
+                args.seed,
+                "--out",
+                args.out,
+                "--extra-manifest",
+                extra_file,
+            ],
+            env={
+                **os.environ,
+                "OMP_NUM_THREADS": "1",
+                "TRANSFORMERS_VERBOSITY": "error",
+                "HF_HUB_OFFLINE": "1",
+                "PYTHONPATH": "",
+            },
+        )
     finally:
         if args.keep_checkpoints is None:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -31,33 +31,41 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", choices=presets.PRESETS, help="which model layout to write")
     ap.add_argument("--out", type=Path, help="output directory (created; must be empty)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--method", choices=("auto", "module", "fast"), default="auto",
-                    help="auto: module init helpers for tiny presets, streamed per-tensor values "
-                         "for real sizes")
+    ap.add_argument(
+        "--method",
+        choices=("auto", "module", "fast"),
+        default="auto",
+        help="auto: module init helpers for tiny presets, streamed per-tensor values for real sizes",
+    )
     ap.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--list", action="store_true",
-                    help="list presets with tensor/parameter counts and sizes (nothing written)")
+    ap.add_argument(
+        "--list", action="store_true", help="list presets with tensor/parameter counts and sizes (nothing written)"
+    )
     args = ap.parse_args(argv)
 
     if args.list:
-        print(f"{'preset':<18} {'type':<13} {'tensors':>7} {'params':>15} {'model':>9}  "
-              f"{'st tensors':>10} {'st params':>13} {'st size':>9}")
+        print(
+            f"{'preset':<18} {'type':<13} {'tensors':>7} {'params':>15} {'model':>9}  "
+            f"{'st tensors':>10} {'st params':>13} {'st size':>9}"
+        )
         for name in presets.PRESETS:
             s = preset_summary(name)
-            print(f"{name:<18} {s['tts_model_type']:<13} {s['model_tensors']:>7} "
-                  f"{s['model_params']:>15,} {_gb(s['model_bytes']):>9}  "
-                  f"{s['speech_tokenizer_tensors']:>10} {s['speech_tokenizer_params']:>13,} "
-                  f"{_gb(s['speech_tokenizer_bytes']):>9}")
+            print(
+                f"{name:<18} {s['tts_model_type']:<13} {s['model_tensors']:>7} "
+                f"{s['model_params']:>15,} {_gb(s['model_bytes']):>9}  "
+                f"{s['speech_tokenizer_tensors']:>10} {s['speech_tokenizer_params']:>13,} "
+                f"{_gb(s['speech_tokenizer_bytes']):>9}"
+            )
         return 0
     if args.preset is None or args.out is None:
         ap.error("--preset and --out are required (or use --list)")
     t0 = time.perf_counter()
-    out = write_random_checkpoint(args.preset, args.out, args.seed, method=args.method,
-                                  progress=not args.no_progress, overwrite=args.overwrite)
+    out = write_random_checkpoint(
+        args.preset, args.out, args.seed, method=args.method, progress=not args.no_progress, overwrite=args.overwrite
+    )
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"wrote {args.preset} (seed {args.seed}) to {out}: {_gb(size)} in "
-          f"{time.perf_counter() - t0:.1f} s")
+    print(f"wrote {args.preset} (seed {args.seed}) to {out}: {_gb(size)} in {time.perf_counter() - t0:.1f} s")
     return 0
 
 

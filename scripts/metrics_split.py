@@ -63,8 +63,9 @@ def level_figures(cur: Dict, prev: Dict) -> Dict[str, float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     ap.add_argument("snapshots", nargs="+", help="metric snapshots in level order (text of /metrics)")
     args = ap.parse_args(argv)
     prev: Dict = {}
@@ -81,14 +82,18 @@ def main(argv=None) -> int:
             return 2
         f = level_figures(cur, prev)
         level = re.search(r"_c(\d+)\.txt$", path)
-        parts = [f"level {level.group(1) if level else path}: {int(f['requests'])} requests",
-                 f"TTFA {f['first_audio_ms']:.1f} ms = first frames {f['first_frames_ms']:.1f} + "
-                 f"{f['first_audio_ms'] - f['first_frames_ms']:.1f} (first codec call, send, hops)"]
+        parts = [
+            f"level {level.group(1) if level else path}: {int(f['requests'])} requests",
+            f"TTFA {f['first_audio_ms']:.1f} ms = first frames {f['first_frames_ms']:.1f} + "
+            f"{f['first_audio_ms'] - f['first_frames_ms']:.1f} (first codec call, send, hops)",
+        ]
         for m in MODELS:
             if f"{m}.requests" in f:
-                parts.append(f"{m}: {int(f[m + '.requests'])} req / {int(f[m + '.executions'])} exec "
-                             f"(batch {f[m + '.batch']:.1f}), {f[m + '.exec_ms']:.1f} ms per exec, "
-                             f"busy {f[m + '.busy_s']:.1f} s, queue {f[m + '.queue_ms']:.1f} ms/req")
+                parts.append(
+                    f"{m}: {int(f[m + '.requests'])} req / {int(f[m + '.executions'])} exec "
+                    f"(batch {f[m + '.batch']:.1f}), {f[m + '.exec_ms']:.1f} ms per exec, "
+                    f"busy {f[m + '.busy_s']:.1f} s, queue {f[m + '.queue_ms']:.1f} ms/req"
+                )
         rows.append("\n  ".join(parts))
         prev = cur
     print("\n".join(rows))

@@ -17,8 +17,10 @@ import sys
 
 def render(report, stacks: int) -> str:
     wall = report["wall_s"] or 1e-9
-    lines = [f"== {report['name']} (pid {report['pid']}): wall {wall:.1f} s, process CPU "
-             f"{report['process_cpu_s']:.1f} s = {report['process_cpu_s'] / wall:.2f} cores"]
+    lines = [
+        f"== {report['name']} (pid {report['pid']}): wall {wall:.1f} s, process CPU "
+        f"{report['process_cpu_s']:.1f} s = {report['process_cpu_s'] / wall:.2f} cores"
+    ]
     threads = sorted(report["threads"].items(), key=lambda kv: -(kv[1].get("cpu_s") or 0))
     for name, t in threads:
         cpu = t.get("cpu_s")
@@ -29,8 +31,10 @@ def render(report, stacks: int) -> str:
             lines.append(f"      {c / n if n else 0:5.0%}  {stack}")
     for key, s in sorted(report.get("timings", {}).items()):
         if s["count"]:
-            lines.append(f"  timing {key}: n={s['count']} mean {s['mean_s'] * 1e3:.2f} ms, p50 "
-                         f"{s['p50_s'] * 1e3:.2f}, p95 {s['p95_s'] * 1e3:.2f}, p99 {s['p99_s'] * 1e3:.2f}")
+            lines.append(
+                f"  timing {key}: n={s['count']} mean {s['mean_s'] * 1e3:.2f} ms, p50 "
+                f"{s['p50_s'] * 1e3:.2f}, p95 {s['p95_s'] * 1e3:.2f}, p99 {s['p99_s'] * 1e3:.2f}"
+            )
     return "\n".join(lines)
 
 

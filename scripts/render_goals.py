@@ -72,8 +72,11 @@ def main(argv=None) -> int:
                 with open(path, "w") as f:
                     f.write(new)
     if a.check and stale:
-        print("out of date with docs/bench/goals.json (run python scripts/render_goals.py): "
-              + ", ".join(os.path.relpath(s, ROOT) for s in stale), file=sys.stderr)
+        print(
+            "out of date with docs/bench/goals.json (run python scripts/render_goals.py): "
+            + ", ".join(os.path.relpath(s, ROOT) for s in stale),
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -32,9 +32,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "triton_qwen3_tts"
 # Source files whose content defines the bytes of a random checkpoint.
 # The sources a random checkpoint's bytes depend on: a change to one of them rewrites the cached copy.
-_LAYOUT_SOURCES = ("model/presets.py", "model/config.py", "model/tensor_specs.py", "tools/random_checkpoint.py",
-                   "model/talker.py", "model/speaker_encoder.py", "model/codec.py", "model/codec_encoder.py",
-                   "model/text.py")
+_LAYOUT_SOURCES = (
+    "model/presets.py",
+    "model/config.py",
+    "model/tensor_specs.py",
+    "tools/random_checkpoint.py",
+    "model/talker.py",
+    "model/speaker_encoder.py",
+    "model/codec.py",
+    "model/codec_encoder.py",
+    "model/text.py",
+)
 TINY_SEED = 0
 
 
@@ -46,8 +54,9 @@ def _cap_torch_threads() -> None:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--run-slow", action="store_true", default=False,
-                     help="run tests marked slow (real sizes, long runs)")
+    parser.addoption(
+        "--run-slow", action="store_true", default=False, help="run tests marked slow (real sizes, long runs)"
+    )
 
 
 def pytest_configure(config):
@@ -56,8 +65,11 @@ def pytest_configure(config):
 
 
 def _slow_enabled(config) -> bool:
-    return (config.getoption("--run-slow") or os.environ.get("QWEN3_TTS_SLOW") == "1"
-            or "slow" in (config.getoption("markexpr") or ""))
+    return (
+        config.getoption("--run-slow")
+        or os.environ.get("QWEN3_TTS_SLOW") == "1"
+        or "slow" in (config.getoption("markexpr") or "")
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -74,8 +86,11 @@ def _fingerprint(preset: str, seed: int) -> str:
     from triton_qwen3_tts.model import presets
 
     h = hashlib.sha256()
-    h.update(json.dumps([preset, seed, presets.main_config(preset),
-                         presets.speech_tokenizer_config(preset)], sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            [preset, seed, presets.main_config(preset), presets.speech_tokenizer_config(preset)], sort_keys=True
+        ).encode()
+    )
     for name in _LAYOUT_SOURCES:
         p = PACKAGE / name
         h.update(name.encode())
@@ -84,9 +99,7 @@ def _fingerprint(preset: str, seed: int) -> str:
 
 
 def make_tiny_checkpoint(preset: str, base_dir: Path, seed: int = TINY_SEED) -> Path:
-    """Write (or reuse) the random checkpoint of ``preset`` under ``base_dir``; return its path.
-
-    """
+    """Write (or reuse) the random checkpoint of ``preset`` under ``base_dir``; return its path."""
     from triton_qwen3_tts.tools.random_checkpoint import write_random_checkpoint
 
     _cap_torch_threads()

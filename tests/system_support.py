@@ -26,10 +26,21 @@ def start_tts_server(checkpoint, work, **settings):
 
     # small limits: the talker context sized from them (max_model_len 0 = from the limits) fits the
     # tiny checkpoint's 4096 positions (vLLM refuses more): 400 frames after 500 + 200 characters
-    kw = dict(checkpoint=str(checkpoint), codec_backend="python", device="cpu", max_num_seqs=8,
-              kv_cache_memory_bytes=64 * 2**20, enforce_eager=True, max_model_len=0,
-              default_max_frames=40, max_frames_limit=400, max_text_chars=500, max_instruct_chars=200,
-              codec_queue_delay_us=5000, codec_max_batch_size=8)
+    kw = dict(
+        checkpoint=str(checkpoint),
+        codec_backend="python",
+        device="cpu",
+        max_num_seqs=8,
+        kv_cache_memory_bytes=64 * 2**20,
+        enforce_eager=True,
+        max_model_len=0,
+        default_max_frames=40,
+        max_frames_limit=400,
+        max_text_chars=500,
+        max_instruct_chars=200,
+        codec_queue_delay_us=5000,
+        codec_max_batch_size=8,
+    )
     kw.update(settings)
     repo = build_repository(RepositorySettings(**kw), str(work / "repo"))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -54,12 +65,20 @@ def make_reference(checkpoint):
     def ref(text, speaker="aiden", language="auto", frames=40):
         key = (text, speaker, language, frames)
         if key not in cache:
-            layout = build_prompt(ck.config, ck.tokenizer, PromptRequest(
-                task_type="CustomVoice", text=text, speaker=speaker, language=language))
+            layout = build_prompt(
+                ck.config,
+                ck.tokenizer,
+                PromptRequest(task_type="CustomVoice", text=text, speaker=speaker, language=language),
+            )
             pe, tr = embed_prompt(layout, talker)
             pad = talker.embed_text([ck.config.tts_pad_token_id])[0]
-            codes = generate_codes(talker, pe, tr, pad, SamplingParams(
-                do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1))
+            codes = generate_codes(
+                talker,
+                pe,
+                tr,
+                pad,
+                SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1),
+            )
             with torch.no_grad():
                 audio = ck.decoder.decode(codes[None])[0].numpy()
             cache[key] = (codes.numpy(), audio)
@@ -108,5 +127,8 @@ def batch_sizes(server, model):
 
     c = grpcclient.InferenceServerClient(server.grpc_url)
     stats = c.get_inference_statistics(model, as_json=True)
-    return {int(x["batch_size"]): int(x["compute_infer"]["count"])
-            for m in stats["model_stats"] for x in m.get("batch_stats", [])}
+    return {
+        int(x["batch_size"]): int(x["compute_infer"]["count"])
+        for m in stats["model_stats"]
+        for x in m.get("batch_stats", [])
+    }

@@ -32,6 +32,7 @@ def test_limit_queue_and_refusal():
         assert adm.in_flight == 0 and adm.queued == 0
         assert [o for o in order if o[0] == "start"][:2] == [("start", 0), ("start", 1)]
         assert ("start", 2) in order
+
     run(main())
 
 
@@ -50,6 +51,7 @@ def test_cancelled_waiter_leaves_queue_without_leaking_a_slot():
         assert adm.in_flight == 0
         await adm.acquire()
         assert adm.in_flight == 1
+
     run(main())
 
 
@@ -69,6 +71,7 @@ def test_fifo_order():
         adm.release()
         await asyncio.gather(*tasks)
         assert got == [0, 1, 2, 3, 4] and adm.in_flight == 0
+
     run(main())
 
 

@@ -9,9 +9,16 @@ import pytest
 import torch
 
 from triton_qwen3_tts.model import audio
-from triton_qwen3_tts.model.audio import (AudioError, hann_window, mel_filterbank, mel_spectrogram,
-                                    num_mel_frames, prepare_reference_audio, resample,
-                                    validate_reference_audio)
+from triton_qwen3_tts.model.audio import (
+    AudioError,
+    hann_window,
+    mel_filterbank,
+    mel_spectrogram,
+    num_mel_frames,
+    prepare_reference_audio,
+    resample,
+    validate_reference_audio,
+)
 
 SR = 24000
 
@@ -25,8 +32,7 @@ def _slaney_hz_to_mel(f):
     f = np.asarray(f, dtype=np.float64)
     f_sp = 200.0 / 3
     min_log_hz, min_log_mel, logstep = 1000.0, 1000.0 / f_sp, math.log(6.4) / 27.0
-    return np.where(f >= min_log_hz, min_log_mel + np.log(np.maximum(f, 1e-10) / min_log_hz) / logstep,
-                    f / f_sp)
+    return np.where(f >= min_log_hz, min_log_mel + np.log(np.maximum(f, 1e-10) / min_log_hz) / logstep, f / f_sp)
 
 
 def _slaney_mel_to_hz(m):
@@ -54,9 +60,9 @@ def _numpy_logmel(wav: np.ndarray, fb: np.ndarray) -> np.ndarray:
     y = np.pad(wav.astype(np.float64), (384, 384), mode="reflect")
     n = 1 + (len(y) - 1024) // 256
     win = 0.5 - 0.5 * np.cos(2 * np.pi * np.arange(1024) / 1024)
-    frames = np.stack([y[t * 256: t * 256 + 1024] * win for t in range(n)])  # [n, 1024]
+    frames = np.stack([y[t * 256 : t * 256 + 1024] * win for t in range(n)])  # [n, 1024]
     spec = np.fft.rfft(frames, axis=-1)  # [n, 513]
-    mag = np.sqrt(spec.real ** 2 + spec.imag ** 2 + 1e-9)
+    mag = np.sqrt(spec.real**2 + spec.imag**2 + 1e-9)
     return np.log(np.maximum(mag @ fb.T, 1e-5))  # [n, 128]
 
 
@@ -160,7 +166,7 @@ def test_resample_length_and_content(sr):
     out = resample(wav, sr)
     assert out.dtype == np.float32 and out.ndim == 1
     assert len(out) == math.ceil(n * SR / sr)
-    spec = np.abs(np.fft.rfft(out[: SR]))
+    spec = np.abs(np.fft.rfft(out[:SR]))
     peak_hz = spec.argmax() * SR / SR  # 1 s window -> 1 Hz bins
     assert abs(peak_hz - 440.0) <= 1.0
     # Amplitude is preserved away from the edges.
@@ -208,20 +214,23 @@ def test_validate_accepts_and_normalises():
     assert prepared.dtype == np.float32 and len(prepared) == 48000
 
 
-@pytest.mark.parametrize("case,match", [
-    ("nan", "NaN or Inf"),
-    ("inf", "NaN or Inf"),
-    ("silent", "silent"),
-    ("short", "too short"),
-    ("long", "too long"),
-    ("float16", "dtype"),
-    ("int32", "dtype"),
-    ("stereo", "mono"),
-    ("stereo_last", "mono"),
-    ("3d", "mono"),
-    ("list", "numpy array"),
-    ("empty", "too short"),
-])
+@pytest.mark.parametrize(
+    "case,match",
+    [
+        ("nan", "NaN or Inf"),
+        ("inf", "NaN or Inf"),
+        ("silent", "silent"),
+        ("short", "too short"),
+        ("long", "too long"),
+        ("float16", "dtype"),
+        ("int32", "dtype"),
+        ("stereo", "mono"),
+        ("stereo_last", "mono"),
+        ("3d", "mono"),
+        ("list", "numpy array"),
+        ("empty", "too short"),
+    ],
+)
 def test_validate_errors(case, match):
     w = _tone()
     sr = 16000

@@ -20,8 +20,10 @@ SR = 24000
 
 
 def test_module_does_not_import_tritonclient():
-    code = ("import sys; import triton_qwen3_tts.tools.bench_metrics; "
-            "assert not any(m.startswith('tritonclient') for m in sys.modules), 'tritonclient imported'")
+    code = (
+        "import sys; import triton_qwen3_tts.tools.bench_metrics; "
+        "assert not any(m.startswith('tritonclient') for m in sys.modules), 'tritonclient imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
@@ -69,14 +71,20 @@ def test_percentile_is_numpy_linear():
     assert bm.percentile([7.0], 95) == 7.0
     assert bm.percentile([], 50) is None
     s = bm.summarize([3.0, None, 1.0, 2.0])
-    assert s == {"n": 3, "mean": pytest.approx(2.0), "p50": pytest.approx(2.0),
-                 "p95": pytest.approx(2.9), "p99": pytest.approx(2.98)}
+    assert s == {
+        "n": 3,
+        "mean": pytest.approx(2.0),
+        "p50": pytest.approx(2.0),
+        "p95": pytest.approx(2.9),
+        "p99": pytest.approx(2.98),
+    }
     assert bm.summarize([]) == {"n": 0, "mean": None, "p50": None, "p95": None, "p99": None}
 
 
 def test_request_metrics():
-    r = bm.RequestRecord(t_send=0.0, ok=True, latency=3.0, ttfa=None,
-                         chunks=[(0.2, 24000), (1.5, 24000)], sample_rate=SR)
+    r = bm.RequestRecord(
+        t_send=0.0, ok=True, latency=3.0, ttfa=None, chunks=[(0.2, 24000), (1.5, 24000)], sample_rate=SR
+    )
     m = bm.request_metrics(r)
     assert m["ttfa"] == pytest.approx(0.2)  # taken from the chunks when not given
     assert m["audio_s"] == pytest.approx(2.0)
@@ -90,8 +98,7 @@ def test_request_metrics():
 def _level_records():
     r1 = bm.RequestRecord(t_send=0.0, ok=True, latency=2.0, ttfa=0.1, chunks=[(0.1, 24000), (1.0, 24000)])
     r2 = bm.RequestRecord(t_send=0.5, ok=True, latency=1.5, ttfa=0.3, chunks=[(0.3, 12000), (1.0, 12000)])
-    r3 = bm.RequestRecord(t_send=1.0, ok=False, latency=0.01, error="[UNAVAILABLE] full",
-                          error_code="UNAVAILABLE")
+    r3 = bm.RequestRecord(t_send=1.0, ok=False, latency=0.01, error="[UNAVAILABLE] full", error_code="UNAVAILABLE")
     return [r1, r2, r3]
 
 
@@ -147,6 +154,7 @@ def test_flat_rows():
 
 # --- the benchmark loop against a fake client -------------------------------------------------
 
+
 def _load_benchmark():
     spec = importlib.util.spec_from_file_location("benchmark_service", ROOT / "benchmark" / "benchmark_service.py")
     mod = importlib.util.module_from_spec(spec)
@@ -193,11 +201,36 @@ def test_closed_loop_with_fake_client(tmp_path):
     bs = _load_benchmark()
     FakeClient.sent = []
     out = tmp_path / "b.json"
-    a = bs.parse_args(["--concurrency", "1", "2", "--requests-per-level", "4", "--warmup", "1",
-                       "--fixed-frames", "30", "--speaker", "vivian", "--task", "customvoice",
-                       "--texts", "en", "--out-json", str(out), "--out-csv", str(tmp_path / "b.csv"),
-                       "--plot", str(tmp_path / "b.png"), "--no-progress", "--request-seed", "7"])
+    a = bs.parse_args(
+        [
+            "--concurrency",
+            "1",
+            "2",
+            "--requests-per-level",
+            "4",
+            "--warmup",
+            "1",
+            "--fixed-frames",
+            "30",
+            "--speaker",
+            "vivian",
+            "--task",
+            "customvoice",
+            "--texts",
+            "en",
+            "--out-json",
+            str(out),
+            "--out-csv",
+            str(tmp_path / "b.csv"),
+            "--plot",
+            str(tmp_path / "b.png"),
+            "--no-progress",
+            "--request-seed",
+            "7",
+        ]
+    )
     import io
+
     buf = io.StringIO()
     res = bs.run(a, client_factory=FakeClient, out=buf)
     assert [agg["ok"] for agg in res["levels"]] == [4, 4]
@@ -219,9 +252,25 @@ def test_open_loop_with_fake_client_and_dataset(tmp_path):
     FakeClient.sent = []
     ds = tmp_path / "ds.lst"
     ds.write_text("a\tfirst text\n\n# comment\nb\tplease fail\tignored column\n", encoding="utf-8")
-    a = bs.parse_args(["--rate", "50", "--requests-per-level", "6", "--warmup", "0", "--dataset", str(ds),
-                       "--language", "english", "--no-progress", "--seed", "3"])
+    a = bs.parse_args(
+        [
+            "--rate",
+            "50",
+            "--requests-per-level",
+            "6",
+            "--warmup",
+            "0",
+            "--dataset",
+            str(ds),
+            "--language",
+            "english",
+            "--no-progress",
+            "--seed",
+            "3",
+        ]
+    )
     import io
+
     res = bs.run(a, client_factory=FakeClient, out=io.StringIO())
     lvl = res["levels"][0]
     assert lvl["requests"] == 6 and lvl["ok"] + lvl["failures"] == 6

@@ -37,12 +37,31 @@ def test_benchmark_model_smoke(engine, tiny_checkpoint, tmp_path):
     # VLLM_ENABLE_V1_MULTIPROCESSING=0 (as tests/test_vllm_talker.py): the CPU worker runs inside
     # the EngineCore process instead of a third process (one interpreter start fewer, ~20 s here);
     # AsyncLLM still runs EngineCore in its own process.
-    env = dict(os.environ, QWEN3_TTS_CACHE=str(tmp_path / "cache"), VLLM_CPU_OMP_THREADS_BIND="nobind",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")
+    env = dict(
+        os.environ,
+        QWEN3_TTS_CACHE=str(tmp_path / "cache"),
+        VLLM_CPU_OMP_THREADS_BIND="nobind",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        PYTHONUNBUFFERED="1",
+    )
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--smoke", "--engine", engine, "--checkpoint", str(tiny_checkpoint),
-         "--json", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--smoke",
+            "--engine",
+            engine,
+            "--checkpoint",
+            str(tiny_checkpoint),
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = json.loads(out.read_text())
 

@@ -36,7 +36,6 @@ from triton_qwen3_tts.model.tensor_specs import TensorSpec
 PACKAGE = Path(rc.__file__).parents[1]
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Machinery, no model modules needed.
 
@@ -81,23 +80,27 @@ def test_safetensors_writer_bytes_do_not_depend_on_spec_order(tmp_path):
 
 def test_safetensors_writer_rejects_wrong_value_size(tmp_path):
     with pytest.raises(ValueError, match=r"key 'b.weight': wrote 20 bytes, expected 30"):
-        rc.write_safetensors(tmp_path / "x.safetensors", SPECS[:1],
-                             lambda s: iter([torch.zeros(10, dtype=torch.bfloat16)]))
+        rc.write_safetensors(
+            tmp_path / "x.safetensors", SPECS[:1], lambda s: iter([torch.zeros(10, dtype=torch.bfloat16)])
+        )
 
 
-@pytest.mark.parametrize("key,value", [
-    ("decoder.quantizer.rvq_first.vq.layers.0._codebook.cluster_usage", 1.0),
-    ("encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.initialized", 1.0),
-    ("decoder.pre_transformer.layers.0.self_attn_layer_scale.scale", 0.01),
-    ("decoder.upsample.0.1.gamma", 1e-6),
-    ("decoder.decoder.5.alpha", 0.0),
-    ("decoder.decoder.1.block.0.beta", 0.0),
-    ("talker.model.layers.0.self_attn.q_norm.weight", 1.0),
-    ("talker.model.layers.3.post_attention_layernorm.weight", 1.0),
-    ("talker.model.norm.weight", 1.0),
-    ("decoder.upsample.0.1.norm.bias", 0.0),
-    ("talker.text_projection.linear_fc1.bias", 0.0),
-])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("decoder.quantizer.rvq_first.vq.layers.0._codebook.cluster_usage", 1.0),
+        ("encoder.quantizer.semantic_residual_vector_quantizer.layers.0.codebook.initialized", 1.0),
+        ("decoder.pre_transformer.layers.0.self_attn_layer_scale.scale", 0.01),
+        ("decoder.upsample.0.1.gamma", 1e-6),
+        ("decoder.decoder.5.alpha", 0.0),
+        ("decoder.decoder.1.block.0.beta", 0.0),
+        ("talker.model.layers.0.self_attn.q_norm.weight", 1.0),
+        ("talker.model.layers.3.post_attention_layernorm.weight", 1.0),
+        ("talker.model.norm.weight", 1.0),
+        ("decoder.upsample.0.1.norm.bias", 0.0),
+        ("talker.text_projection.linear_fc1.bias", 0.0),
+    ],
+)
 def test_fast_rule_constants(key, value):
     t = torch.cat(list(rc.rule_init_value(key, (4, 3), torch.float32, seed=0)))
     assert torch.equal(t, torch.full((12,), value, dtype=torch.float32))
@@ -115,18 +118,24 @@ def test_fast_rule_random_weights(monkeypatch):
     assert not torch.equal(a, other_seed) and not torch.equal(a, other_key)
     bf = torch.cat(list(rc.rule_init_value(key, (50, 80), torch.bfloat16, seed=0)))
     assert bf.dtype == torch.bfloat16 and torch.equal(bf, a.to(torch.bfloat16))
-    codebook = torch.cat(list(rc.rule_init_value("x._codebook.embedding_sum", (100, 40),
-                                                 torch.float32, seed=0)))
+    codebook = torch.cat(list(rc.rule_init_value("x._codebook.embedding_sum", (100, 40), torch.float32, seed=0)))
     assert 0.9 < codebook.std().item() < 1.1
 
 
 def test_compare_header_names_every_problem():
-    specs = [TensorSpec("a.weight", (4, 8), torch.bfloat16),
-             TensorSpec("b.weight", (8,), torch.bfloat16),
-             TensorSpec("c.buf", (2,), torch.float32),
-             TensorSpec("encoder.x", (1,), torch.float32)]
-    header = {"a.weight": ((4, 6), "BF16"), "c.buf": ((2,), "I64"), "z.extra": ((3, 3), "F32"),
-              "encoder.x": ((1,), "F32"), "encoder.y": ((5,), "F32")}
+    specs = [
+        TensorSpec("a.weight", (4, 8), torch.bfloat16),
+        TensorSpec("b.weight", (8,), torch.bfloat16),
+        TensorSpec("c.buf", (2,), torch.float32),
+        TensorSpec("encoder.x", (1,), torch.float32),
+    ]
+    header = {
+        "a.weight": ((4, 6), "BF16"),
+        "c.buf": ((2,), "I64"),
+        "z.extra": ((3, 3), "F32"),
+        "encoder.x": ((1,), "F32"),
+        "encoder.y": ((5,), "F32"),
+    }
     problems = compare_header(header, specs, ignore_prefixes=("encoder.y",))
     assert problems == [
         "key 'a.weight': expected shape [4, 8], found [4, 6]",
@@ -157,8 +166,10 @@ def test_missing_directory_and_files(tmp_path):
     with pytest.raises(CheckpointError) as e:
         validate_checkpoint(tmp_path)
     msg = str(e.value)
-    assert "missing file(s) model.safetensors, vocab.json, merges.txt, tokenizer_config.json, " \
-           "speech_tokenizer/config.json" in msg
+    assert (
+        "missing file(s) model.safetensors, vocab.json, merges.txt, tokenizer_config.json, "
+        "speech_tokenizer/config.json" in msg
+    )
     assert "generation_config.json" in msg.split("optional:")[1]  # listed as optional only
     assert isinstance(e.value, ConfigError)
 
@@ -209,19 +220,23 @@ def _state_from_file(path: Path) -> dict:
     return load_file(path)
 
 
-@pytest.mark.parametrize("fixture", ["tiny_checkpoint", "tiny_base_checkpoint",
-                                     "tiny_voicedesign_checkpoint"])
+@pytest.mark.parametrize("fixture", ["tiny_checkpoint", "tiny_base_checkpoint", "tiny_voicedesign_checkpoint"])
 def test_tiny_round_trip(fixture, request):
     ckpt_dir = request.getfixturevalue(fixture)
     for f in REQUIRED_FILES + ("generation_config.json", "preprocessor_config.json"):
         assert (ckpt_dir / f).is_file(), f
     assert json.loads((ckpt_dir / "preprocessor_config.json").read_text()) == {
-        "processor_class": "Qwen3TTSProcessor", "padding_side": "left"}
+        "processor_class": "Qwen3TTSProcessor",
+        "padding_side": "left",
+    }
     assert len((ckpt_dir / "generation_config.json").read_bytes()) == 245
 
     ck = load_checkpoint(ckpt_dir, dtype=torch.float32, load_encoder=True)
-    preset = {"tiny_checkpoint": "tiny", "tiny_base_checkpoint": "tiny-base",
-              "tiny_voicedesign_checkpoint": "tiny-voicedesign"}[fixture]
+    preset = {
+        "tiny_checkpoint": "tiny",
+        "tiny_base_checkpoint": "tiny-base",
+        "tiny_voicedesign_checkpoint": "tiny-voicedesign",
+    }[fixture]
     assert ck.config == Qwen3TTSConfig.from_dict(presets.main_config(preset))
     assert ck.generation.max_new_tokens == 8192
     assert (ck.speaker_encoder is not None) == (preset == "tiny-base")
@@ -267,8 +282,7 @@ def test_default_dtype_is_bf16_and_decoder_fp32(tiny_checkpoint):
 def test_cli_writes_identical_files_and_seed_changes_weights(tiny_checkpoint, tmp_path):
     from importlib.util import module_from_spec, spec_from_file_location
 
-    spec = spec_from_file_location("make_random_checkpoint",
-                                   PACKAGE.parent / "scripts" / "make_random_checkpoint.py")
+    spec = spec_from_file_location("make_random_checkpoint", PACKAGE.parent / "scripts" / "make_random_checkpoint.py")
     cli = module_from_spec(spec)
     spec.loader.exec_module(cli)
     assert cli.main(["--preset", "tiny", "--out", str(tmp_path / "a"), "--no-progress"]) == 0
@@ -289,8 +303,7 @@ def test_fast_method_tiny_loads(tmp_path):
     ck = load_checkpoint(out, dtype=torch.float32, load_encoder=True)
     usage = [v for k, v in ck.decoder.state_dict().items() if k.endswith("cluster_usage")]
     assert usage and all(torch.equal(u, torch.ones_like(u)) for u in usage)
-    assert torch.equal(ck.model.talker.model.norm.weight,
-                       torch.ones_like(ck.model.talker.model.norm.weight))
+    assert torch.equal(ck.model.talker.model.norm.weight, torch.ones_like(ck.model.talker.model.norm.weight))
 
 
 def _variant(src: Path, dst: Path, drop=(), replace=None) -> Path:
@@ -313,13 +326,17 @@ def _edit_safetensors(src: Path, edit):
         state = load_file(src)
         edit(state)
         save_file(state, path)
+
     return write
 
 
 def test_error_missing_file(tiny_checkpoint, tmp_path):
     d = _variant(tiny_checkpoint, tmp_path / "v", drop={"speech_tokenizer/model.safetensors"})
-    with pytest.raises(CheckpointError, match=r"missing file\(s\) speech_tokenizer/model.safetensors\. "
-                                              r"Required \(spec 6.2\): config.json"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"missing file\(s\) speech_tokenizer/model.safetensors\. "
+        r"Required \(spec 6.2\): config.json",
+    ):
         load_checkpoint(d)
     # Without the speech tokenizer it is not needed.
     assert load_checkpoint(d, load_speech_tokenizer=False, load_tokenizer=False).decoder is None
@@ -336,8 +353,9 @@ def test_missing_generation_config_falls_back_with_warning(tiny_checkpoint, tmp_
 def test_error_missing_key(tiny_checkpoint, tmp_path):
     key = "talker.code_predictor.lm_head.3.weight"
     src = tiny_checkpoint / "model.safetensors"
-    d = _variant(tiny_checkpoint, tmp_path / "v",
-                 replace={"model.safetensors": _edit_safetensors(src, lambda s: s.pop(key))})
+    d = _variant(
+        tiny_checkpoint, tmp_path / "v", replace={"model.safetensors": _edit_safetensors(src, lambda s: s.pop(key))}
+    )
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(d)
     msg = str(e.value)
@@ -371,11 +389,15 @@ def test_error_wrong_shape_in_speech_tokenizer(tiny_checkpoint, tmp_path):
     def edit(state):
         state[key] = torch.ones(shape[0] + 1, *shape[1:])
 
-    d = _variant(tiny_checkpoint, tmp_path / "v",
-                 replace={"speech_tokenizer/model.safetensors": _edit_safetensors(src, edit)})
+    d = _variant(
+        tiny_checkpoint, tmp_path / "v", replace={"speech_tokenizer/model.safetensors": _edit_safetensors(src, edit)}
+    )
     bad_shape = ", ".join(str(s) for s in [shape[0] + 1] + shape[1:])
-    with pytest.raises(CheckpointError, match=rf"(?s)speech_tokenizer/model.safetensors: 1 problem.*"
-                                              rf"key '{key}': expected shape \[.*found \[{bad_shape}\]"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"(?s)speech_tokenizer/model.safetensors: 1 problem.*"
+        rf"key '{key}': expected shape \[.*found \[{bad_shape}\]",
+    ):
         load_checkpoint(d, load_tokenizer=False)
 
 
@@ -386,8 +408,9 @@ def test_encoder_keys_checked_only_when_loaded(tiny_checkpoint, tmp_path):
         for k in [k for k in state if k.startswith("encoder.")]:
             del state[k]
 
-    d = _variant(tiny_checkpoint, tmp_path / "v",
-                 replace={"speech_tokenizer/model.safetensors": _edit_safetensors(src, edit)})
+    d = _variant(
+        tiny_checkpoint, tmp_path / "v", replace={"speech_tokenizer/model.safetensors": _edit_safetensors(src, edit)}
+    )
     assert load_checkpoint(d, load_tokenizer=False).encoder is None
     with pytest.raises(CheckpointError, match=r"missing key 'encoder\."):
         load_checkpoint(d, load_tokenizer=False, load_encoder=True)
@@ -400,15 +423,21 @@ def test_error_unknown_tts_model_type(tiny_checkpoint, tmp_path):
         path.write_text(json.dumps(cfg))
 
     d = _variant(tiny_checkpoint, tmp_path / "v", replace={"config.json": write})
-    with pytest.raises(ConfigError, match=r"config.json: tts_model_type 'voice_clone'; expected one of "
-                                          r"\['base', 'custom_voice', 'voice_design'\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"config.json: tts_model_type 'voice_clone'; expected one of "
+        r"\['base', 'custom_voice', 'voice_design'\]",
+    ):
         load_checkpoint(d)
 
 
 def test_error_config_of_another_model_type(tiny_checkpoint, tmp_path):
     """A CustomVoice file under a Base config: the speaker encoder tensors are missing."""
-    d = _variant(tiny_checkpoint, tmp_path / "v", replace={
-        "config.json": lambda p: p.write_text(json.dumps(presets.main_config("tiny-base")))})
+    d = _variant(
+        tiny_checkpoint,
+        tmp_path / "v",
+        replace={"config.json": lambda p: p.write_text(json.dumps(presets.main_config("tiny-base")))},
+    )
     with pytest.raises(CheckpointError, match=r"tts_model_type='base'.*\n  - missing key 'speaker_encoder\."):
         load_checkpoint(d)
 

@@ -36,8 +36,10 @@ def infer_result(rid, samples, final):
     final response) and the sample rate."""
     r = service_pb2.ModelInferResponse(model_name="tts", id=rid)
     if samples:
-        for name, dt, arr in (("audio", "FP32", np.full(samples, 0.1, np.float32)),
-                              ("sample_rate", "INT32", np.array([24000], np.int32))):
+        for name, dt, arr in (
+            ("audio", "FP32", np.full(samples, 0.1, np.float32)),
+            ("sample_rate", "INT32", np.array([24000], np.int32)),
+        ):
             o = r.outputs.add()
             o.name, o.datatype = name, dt
             o.shape.extend([arr.size])
@@ -106,8 +108,12 @@ class FakeStream:
         if self.stopped is None and self.callback is not None:
             self.stopped = "cancel" if cancel_requests else "graceful"
             if cancel_requests:  # tritonclient reports the cancelled stream through the callback
-                self.callback(result=None, error=InferenceServerException(
-                    msg="Locally cancelled by application!", status="StatusCode.CANCELLED"))
+                self.callback(
+                    result=None,
+                    error=InferenceServerException(
+                        msg="Locally cancelled by application!", status="StatusCode.CANCELLED"
+                    ),
+                )
 
     def close(self):
         self.stop_stream()
@@ -125,6 +131,7 @@ def inputs(text="hi"):
 
 
 # --- tritonclient itself -----------------------------------------------------------------------
+
 
 def test_tritonclient_stream_callback_drops_the_id_of_an_error():
     """What tritonclient's stream thread makes of the server's error response for request "r1":
@@ -150,12 +157,13 @@ def test_tritonclient_stream_callback_drops_the_id_of_an_error():
     s = _InferStream(lambda result, error: got.append((result, error)), False)
     s._response_iterator = Responses([err])
     s._process_response()
-    (result, error), = got
+    ((result, error),) = got
     assert result is None and error.message() == err.error_message and error.status() is None
     assert "r1" not in str(error) and not hasattr(error, "request_id")
 
 
 # --- StreamingClient ---------------------------------------------------------------------------
+
 
 def test_an_error_response_fails_only_its_own_request(fake):
     c = cl.StreamingClient(URL)
@@ -203,6 +211,7 @@ def test_send_on_a_dead_stream_reports_the_cause(fake, monkeypatch, cause_first)
     """tritonclient's race: when the stream fails before the request is queued (nothing listens),
     async_stream_infer raises "no longer in valid state" and the cause reaches the callback just
     before or just after. receive() reports the cause, whichever came first."""
+
     def dead(self, model, inputs, request_id="", enable_empty_final_response=False):
         self.rid = request_id
         cause = lambda: self.break_stream("StatusCode.UNAVAILABLE", "failed to connect to all addresses")  # noqa: E731
@@ -210,8 +219,9 @@ def test_send_on_a_dead_stream_reports_the_cause(fake, monkeypatch, cause_first)
             cause()
         else:
             threading.Timer(0.05, cause).start()
-        raise InferenceServerException(msg="The stream is no longer in valid state, the error detail is "
-                                           "reported through provided callback.")
+        raise InferenceServerException(
+            msg="The stream is no longer in valid state, the error detail is reported through provided callback."
+        )
 
     monkeypatch.setattr(FakeStream, "async_stream_infer", dead)
     c = cl.StreamingClient(URL)
@@ -264,6 +274,7 @@ def test_duplicate_request_id_is_refused(fake):
 
 # --- the CLI -----------------------------------------------------------------------------------
 
+
 def test_cli_help_lists_the_allowed_values(capsys):
     from triton_qwen3_tts.model import presets
     from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES
@@ -290,16 +301,25 @@ def test_cli_multi_line_message_is_printed_on_one_line(fake, capsys, tmp_path, m
     assert capsys.readouterr().err == "error: [INTERNAL] boom at line 2\n"
 
 
-@pytest.mark.parametrize("body,expected", [
-    # a generate_stream whose first response is an error: 400 with the error as an event
-    (b'data: {"error":"[INVALID_ARG] speaker: unknown speaker \'bob\'"}\n\n',
-     "[INVALID_ARG] speaker: unknown speaker 'bob'"),
-    (b'{"error":"Request for unknown model: \'nope\' is not found"}', "Request for unknown model: 'nope' is not found"),
-    (b"", "HTTP 502 Bad Gateway"),
-])
+@pytest.mark.parametrize(
+    "body,expected",
+    [
+        # a generate_stream whose first response is an error: 400 with the error as an event
+        (
+            b'data: {"error":"[INVALID_ARG] speaker: unknown speaker \'bob\'"}\n\n',
+            "[INVALID_ARG] speaker: unknown speaker 'bob'",
+        ),
+        (
+            b'{"error":"Request for unknown model: \'nope\' is not found"}',
+            "Request for unknown model: 'nope' is not found",
+        ),
+        (b"", "HTTP 502 Bad Gateway"),
+    ],
+)
 def test_http_error_message(body, expected):
-    err = urllib.error.HTTPError("http://x", 502 if not body else 400, "Bad Gateway" if not body else "Bad Request",
-                                 {}, io.BytesIO(body))
+    err = urllib.error.HTTPError(
+        "http://x", 502 if not body else 400, "Bad Gateway" if not body else "Bad Request", {}, io.BytesIO(body)
+    )
     assert cl._http_error_message(err) == expected
 
 
@@ -315,6 +335,7 @@ def test_http_connection_refused_is_a_transport_error():
 
 
 # --- the service benchmark ---------------------------------------------------------------------
+
 
 def load_benchmark():
     spec = importlib.util.spec_from_file_location("benchmark_service", ROOT / "benchmark" / "benchmark_service.py")
@@ -340,8 +361,9 @@ def test_benchmark_attributes_each_error_to_its_request(fake, tmp_path):
     """8 requests in flight together on one client, the "fail" ones answered with an error
     response: exactly those fail, with the server's code."""
     lines = ["ok zero", "fail one", "ok two", "fail three"]
-    res, _, _ = bench(tmp_path, fake, {"fail": "fail"}, lines,
-                      "--rate", "1000", "--requests-per-level", "8", "--streams", "1")
+    res, _, _ = bench(
+        tmp_path, fake, {"fail": "fail"}, lines, "--rate", "1000", "--requests-per-level", "8", "--streams", "1"
+    )
     rows = res["requests"]
     assert len(rows) == 8
     for row in rows:
@@ -353,8 +375,20 @@ def test_benchmark_attributes_each_error_to_its_request(fake, tmp_path):
 
 
 def test_benchmark_cancels_a_timed_out_request_on_the_server(fake, tmp_path):
-    res, _, _ = bench(tmp_path, fake, {"hang": "hang"}, ["hang here"],
-                      "--concurrency", "1", "--requests-per-level", "2", "--timeout", "0.1", "--drain-timeout", "5")
+    res, _, _ = bench(
+        tmp_path,
+        fake,
+        {"hang": "hang"},
+        ["hang here"],
+        "--concurrency",
+        "1",
+        "--requests-per-level",
+        "2",
+        "--timeout",
+        "0.1",
+        "--drain-timeout",
+        "5",
+    )
     assert [row["error_code"] for row in res["requests"]] == ["TIMEOUT", "TIMEOUT"]
     streams = [s for s in FakeStream.all if s.rid]
     assert len(streams) == 2 and all(s.stopped == "cancel" for s in streams)
@@ -365,8 +399,19 @@ def test_benchmark_cancels_a_timed_out_request_on_the_server(fake, tmp_path):
 def test_benchmark_level_drains_within_the_bound_or_says_so(fake, tmp_path, load):
     """Requests that never finish (but within --timeout per response): the level waits
     --drain-timeout after its last send, cancels them and says so; the next level starts clean."""
-    res, out, took = bench(tmp_path, fake, {"hang": "hang"}, ["hang here"],
-                           *load, "--requests-per-level", "3", "--timeout", "60", "--drain-timeout", "0.3")
+    res, out, took = bench(
+        tmp_path,
+        fake,
+        {"hang": "hang"},
+        ["hang here"],
+        *load,
+        "--requests-per-level",
+        "3",
+        "--timeout",
+        "60",
+        "--drain-timeout",
+        "0.3",
+    )
     lvl = res["levels"][0]
     assert lvl["not_drained"] == 3 and lvl["failure_codes"] == {"CANCELLED": 3}
     assert "did NOT drain: 3 request(s)" in out
@@ -388,8 +433,9 @@ def test_table_shows_underruns_as_a_percentage_of_requests():
     bs = load_benchmark()
     smooth = [(0.1, 24000), (0.5, 24000)]
     gap = [(0.1, 2400), (1.0, 2400)]  # 0.1 s of audio, the next chunk 0.9 s later: an underrun
-    recs = [bm.RequestRecord(t_send=0.0, ok=True, latency=1.0, ttfa=0.1, chunks=c)
-            for c in (smooth, smooth, smooth, gap)]
+    recs = [
+        bm.RequestRecord(t_send=0.0, ok=True, latency=1.0, ttfa=0.1, chunks=c) for c in (smooth, smooth, smooth, gap)
+    ]
     agg = bm.aggregate(recs, level=1)
     assert agg["requests_with_underrun"] == 1
     row = bs.table_row(agg)

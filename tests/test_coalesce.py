@@ -37,8 +37,9 @@ def run(c, arrivals):
     return got, c.flush(), pos
 
 
-@pytest.mark.parametrize("arrivals", [[1] * 60, [3, 1, 7, 20, 2, 27], [60], [2, 4, 8, 16, 25, 5],
-                                      [5, 0, 1, 54], [1] * 137])
+@pytest.mark.parametrize(
+    "arrivals", [[1] * 60, [3, 1, 7, 20, 2, 27], [60], [2, 4, 8, 16, 25, 5], [5, 0, 1, 54], [1] * 137]
+)
 def test_responses_end_on_chunk_boundaries_and_keep_every_frame_in_order(arrivals):
     got, tail, total = run(FrameCoalescer(SIZES), arrivals)
     ends = np.cumsum([len(g) for g in got]).tolist()
@@ -89,8 +90,13 @@ def test_check_response_frames():
     assert check_response_frames(None) is None
     assert check_response_frames(np.zeros(0, np.int32)) is None
     assert check_response_frames(np.array([2, 4, 25], np.int32)) == [2, 4, 25]
-    for bad in (np.array([0], np.int32), np.array([5000], np.int32), np.ones(65, np.int32),
-                np.array([1.5], np.float32), np.array([-2], np.int32)):
+    for bad in (
+        np.array([0], np.int32),
+        np.array([5000], np.int32),
+        np.ones(65, np.int32),
+        np.array([1.5], np.float32),
+        np.array([-2], np.int32),
+    ):
         with pytest.raises(ValueError):
             check_response_frames(bad)
 
@@ -167,7 +173,7 @@ def test_tts_asks_for_its_schedule_and_decodes_coalesced_responses_like_single_f
             self.started.append((rid, inputs))
             c = FrameCoalescer(check_response_frames(inputs.get("response_frames")))
             for i in range(len(self.frames)):
-                out = c.push(self.frames[i:i + 1])
+                out = c.push(self.frames[i : i + 1])
                 if out is not None:
                     yield out
             if (tail := c.flush()) is not None:

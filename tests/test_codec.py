@@ -54,8 +54,13 @@ def test_real_size_parameter_count_matches_spec(real_meta):
     assert sum(p.numel() for p in real_meta.parameters()) == 114_323_137
     assert sum(v.numel() for v in real_meta.state_dict().values()) == 114_323_137
     parts = {name: sum(p.numel() for p in m.parameters()) for name, m in real_meta.named_children()}
-    assert parts == {"quantizer": 8_945_664, "pre_conv": 1_573_888, "pre_transformer": 30_427_136,
-                     "upsample": 21_006_336, "decoder": 52_370_113}
+    assert parts == {
+        "quantizer": 8_945_664,
+        "pre_conv": 1_573_888,
+        "pre_transformer": 30_427_136,
+        "upsample": 21_006_336,
+        "decoder": 52_370_113,
+    }
 
 
 def test_keys_follow_spec_patterns(real_meta):
@@ -65,7 +70,8 @@ def test_keys_follow_spec_patterns(real_meta):
         r"quantizer\.rvq_first\.vq\.layers\.0\._codebook\.(embedding_sum|cluster_usage)",
         r"quantizer\.rvq_rest\.vq\.layers\.([0-9]|1[0-4])\._codebook\.(embedding_sum|cluster_usage)",
         r"pre_conv\.conv\.(weight|bias)",
-        r"pre_transformer\.(input_proj|output_proj)\.(weight|bias)", r"pre_transformer\.norm\.weight",
+        r"pre_transformer\.(input_proj|output_proj)\.(weight|bias)",
+        r"pre_transformer\.norm\.weight",
         r"pre_transformer\.layers\.[0-7]\.self_attn\.[qkvo]_proj\.weight",
         r"pre_transformer\.layers\.[0-7]\.mlp\.(gate|up|down)_proj\.weight",
         r"pre_transformer\.layers\.[0-7]\.(input_layernorm|post_attention_layernorm)\.weight",
@@ -73,10 +79,12 @@ def test_keys_follow_spec_patterns(real_meta):
         r"upsample\.[01]\.0\.conv\.(weight|bias)",
         r"upsample\.[01]\.1\.(dwconv\.conv\.(weight|bias)|norm\.(weight|bias)|pwconv[12]\.(weight|bias)|gamma)",
         r"decoder\.0\.conv\.(weight|bias)",
-        r"decoder\.[1-4]\.block\.0\.(alpha|beta)", r"decoder\.[1-4]\.block\.1\.conv\.(weight|bias)",
+        r"decoder\.[1-4]\.block\.0\.(alpha|beta)",
+        r"decoder\.[1-4]\.block\.1\.conv\.(weight|bias)",
         r"decoder\.[1-4]\.block\.[2-4]\.(act1|act2)\.(alpha|beta)",
         r"decoder\.[1-4]\.block\.[2-4]\.(conv1|conv2)\.conv\.(weight|bias)",
-        r"decoder\.5\.(alpha|beta)", r"decoder\.6\.conv\.(weight|bias)",
+        r"decoder\.5\.(alpha|beta)",
+        r"decoder\.6\.conv\.(weight|bias)",
     ]
     assert sorted(k for k in keys if not any(re.fullmatch(p, k) for p in patterns)) == []
     for p in patterns:  # and every pattern is used
@@ -126,7 +134,7 @@ def test_causal_prefix(dec):
     c = codes(1, 40)
     full = dec.decode(c)
     for t in (1, 7, 25):
-        torch.testing.assert_close(dec.decode(c[:, :t]), full[:, :t * SPF], atol=1e-5, rtol=0)
+        torch.testing.assert_close(dec.decode(c[:, :t]), full[:, : t * SPF], atol=1e-5, rtol=0)
 
 
 @torch.no_grad()
@@ -135,7 +143,7 @@ def test_window_with_full_receptive_field_is_exact(dec):
     for tiny, plus the convolutions' ~13) makes windowed decoding equal whole decoding."""
     reach = dec.config.num_hidden_layers * (dec.config.sliding_window - 1) + 16
     c = codes(1, reach + 10)
-    full = dec.decode(c)[0, reach * SPF:]
+    full = dec.decode(c)[0, reach * SPF :]
     win = dec.decode_window(c, reach)[0]
     torch.testing.assert_close(win, full, atol=1e-5, rtol=0)
 
@@ -156,7 +164,7 @@ def test_rows_are_independent(dec):
     c = codes(4, 30, seed=3)
     batch = dec.decode(c)
     for i in range(4):
-        torch.testing.assert_close(batch[i], dec.decode(c[i:i + 1])[0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(batch[i], dec.decode(c[i : i + 1])[0], atol=1e-5, rtol=0)
 
 
 @torch.no_grad()
@@ -176,8 +184,9 @@ def test_official_chunked_decode(dec):
     torch.testing.assert_close(dec.decode_official(c), dec.decode(c[None])[0], atol=1e-6, rtol=0)
     c = codes(1, 12)[0]
     got = dec.decode_official(c, chunk=5, context=3)  # chunks [0,5) [5,10) [10,12)
-    want = torch.cat([dec.decode(c[None, :5])[0], dec.decode_window(c[None, 2:10], 3)[0],
-                      dec.decode_window(c[None, 7:12], 3)[0]])
+    want = torch.cat(
+        [dec.decode(c[None, :5])[0], dec.decode_window(c[None, 2:10], 3)[0], dec.decode_window(c[None, 7:12], 3)[0]]
+    )
     torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
@@ -190,9 +199,16 @@ def test_onnx_export_dynamic_batch_and_frames(dec, tmp_path):
     ort = pytest.importorskip("onnxruntime")
     path = tmp_path / "codec.onnx"
     with torch.no_grad():
-        torch.onnx.export(dec, (codes(2, 8).transpose(1, 2),), str(path), dynamo=False, opset_version=18,
-                          input_names=["codes"], output_names=["audio"],
-                          dynamic_axes={"codes": {0: "batch", 2: "frames"}, "audio": {0: "batch", 2: "samples"}})
+        torch.onnx.export(
+            dec,
+            (codes(2, 8).transpose(1, 2),),
+            str(path),
+            dynamo=False,
+            opset_version=18,
+            input_names=["codes"],
+            output_names=["audio"],
+            dynamic_axes={"codes": {0: "batch", 2: "frames"}, "audio": {0: "batch", 2: "samples"}},
+        )
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for b, t in [(1, 10), (3, 37)]:
         c = codes(b, t, seed=b * 100 + t).transpose(1, 2).contiguous()
@@ -205,7 +221,7 @@ def test_onnx_export_dynamic_batch_and_frames(dec, tmp_path):
 
 # --- parity with the official package (opt-in) ---------------------------------------------
 
-_PARITY = textwrap.dedent('''
+_PARITY = textwrap.dedent("""
     import sys, types, importlib, torch
     src = sys.argv[1]
     for name, sub in [("qwen_tts", ""), ("qwen_tts.core", "/core"), ("qwen_tts.core.tokenizer_12hz", "/core/tokenizer_12hz")]:
@@ -225,20 +241,28 @@ _PARITY = textwrap.dedent('''
         e1 = float((off(c) - ours(c)).abs().max())
         e2 = float((off.chunked_decode(c[:1, :, :140], 50, 25)[0, 0] - ours.decode_official(c[0, :, :140].t(), 50, 25)).abs().max())
     print("MAXDIFF", e1, e2)
-''')
+""")
 
 
-@pytest.mark.skipif(not os.environ.get("QWEN3_TTS_OFFICIAL_SRC"),
-                    reason="set QWEN3_TTS_OFFICIAL_SRC=<dir holding qwen_tts/> (qwen-tts==0.1.1) and, "
-                           "if the venv's transformers is not 4.57.x, QWEN3_TTS_OFFICIAL_PYTHONPATH=<dir with it>")
+@pytest.mark.skipif(
+    not os.environ.get("QWEN3_TTS_OFFICIAL_SRC"),
+    reason="set QWEN3_TTS_OFFICIAL_SRC=<dir holding qwen_tts/> (qwen-tts==0.1.1) and, "
+    "if the venv's transformers is not 4.57.x, QWEN3_TTS_OFFICIAL_PYTHONPATH=<dir with it>",
+)
 def test_bit_parity_with_official_decoder():
     """Our decoder with the official decoder's weights gives the official output (eager attention:
     bit-identical; window 72, 160 frames so the sliding window matters; chunked decode too)."""
     env = dict(os.environ, OMP_NUM_THREADS="2", PYTHONWARNINGS="ignore")
     extra = os.environ.get("QWEN3_TTS_OFFICIAL_PYTHONPATH", "")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (extra, str(ROOT)) if p)
-    r = subprocess.run([sys.executable, "-c", _PARITY, os.environ["QWEN3_TTS_OFFICIAL_SRC"]], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run(
+        [sys.executable, "-c", _PARITY, os.environ["QWEN3_TTS_OFFICIAL_SRC"]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     e1, e2 = (float(x) for x in r.stdout.split("MAXDIFF")[1].split())
     assert e1 <= 1e-6 and e2 <= 1e-6

@@ -39,15 +39,18 @@ def test_bucket():
     assert bucket(5, None) == 5
 
 
-@pytest.mark.parametrize("codes,msg", [
-    (np.zeros((1, 3), np.int64), "shape"),
-    (np.zeros((1, 3, 8), np.int64), "shape"),
-    (np.zeros((0, 3, 16), np.int64), "at least one"),
-    (np.zeros((1, 3, 16), np.float32), "integers"),
-    (np.full((1, 3, 16), 2048, np.int64), "values must be in"),
-    (np.full((1, 3, 16), -1, np.int64), "values must be in"),
-    (np.zeros((1, 30, 16), np.int64), "limit is 20"),
-])
+@pytest.mark.parametrize(
+    "codes,msg",
+    [
+        (np.zeros((1, 3), np.int64), "shape"),
+        (np.zeros((1, 3, 8), np.int64), "shape"),
+        (np.zeros((0, 3, 16), np.int64), "at least one"),
+        (np.zeros((1, 3, 16), np.float32), "integers"),
+        (np.full((1, 3, 16), 2048, np.int64), "values must be in"),
+        (np.full((1, 3, 16), -1, np.int64), "values must be in"),
+        (np.zeros((1, 30, 16), np.int64), "limit is 20"),
+    ],
+)
 def test_check_codes(codes, msg):
     with pytest.raises(ValueError, match=msg):
         check_codes(codes, max_frames=20)

@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from triton_qwen3_tts.model.codec_encoder import (CodecEncoder, build_codec_encoder, encode_reference,
-                                            init_random_encoder_weights)
+from triton_qwen3_tts.model.codec_encoder import (
+    CodecEncoder,
+    build_codec_encoder,
+    encode_reference,
+    init_random_encoder_weights,
+)
 from triton_qwen3_tts.model.config import SpeechTokenizerConfig
 from triton_qwen3_tts.model.presets import speech_tokenizer_config
 
@@ -37,8 +41,12 @@ def test_real_size_counts_and_keys_on_meta():
     total = sum(t.numel() for t in sd.values())
     assert len(sd) == 225
     assert total == 56_234_304  # spec 5.7, counting the codebook buffers
-    parts = {"encoder.": 12_628_256, "encoder_transformer.": 25_190_400, "downsample.": 1_048_576,
-             "quantizer.": 17_367_072}
+    parts = {
+        "encoder.": 12_628_256,
+        "encoder_transformer.": 25_190_400,
+        "downsample.": 1_048_576,
+        "quantizer.": 17_367_072,
+    }
     for prefix, n in parts.items():
         assert sum(t.numel() for k, t in sd.items() if k.startswith(prefix)) == n, prefix
     assert all(k.startswith(tuple(parts)) for k in sd)
@@ -46,8 +54,10 @@ def test_real_size_counts_and_keys_on_meta():
     assert enc.decoder is None and enc.decoder_transformer is None and enc.upsample is None
     assert set(k for k in sd if k.startswith("downsample.")) == {"downsample.conv.weight"}
     q = [k for k in sd if k.startswith("quantizer.")]
-    pat = re.compile(r"quantizer\.(semantic|acoustic)_residual_vector_quantizer\."
-                     r"(input_proj\.weight|output_proj\.weight|layers\.(\d+)\.codebook\.(embed_sum|cluster_usage|initialized))$")
+    pat = re.compile(
+        r"quantizer\.(semantic|acoustic)_residual_vector_quantizer\."
+        r"(input_proj\.weight|output_proj\.weight|layers\.(\d+)\.codebook\.(embed_sum|cluster_usage|initialized))$"
+    )
     layers = {"semantic": set(), "acoustic": set()}
     for k in q:
         m = pat.match(k)

@@ -93,8 +93,8 @@ def test_windowed_decode_is_not_exact(dec, utt):
     """Sanity: the comparison above is sensitive; a 72-frame window is NOT exact past the window."""
     c, full = utt
     with torch.no_grad():
-        win = dec.decode_window(c[:, FRAMES - 25 - 72:], 72)
-    assert (win - full[:, (FRAMES - 25) * SPF:]).abs().max().item() > 1e-4
+        win = dec.decode_window(c[:, FRAMES - 25 - 72 :], 72)
+    assert (win - full[:, (FRAMES - 25) * SPF :]).abs().max().item() > 1e-4
 
 
 def test_dropping_kv_state_breaks_exactness(sd, utt):
@@ -106,7 +106,7 @@ def test_dropping_kv_state_breaks_exactness(sd, utt):
             if k.startswith("attn."):
                 st[k] = torch.zeros_like(st[k])
         a, _ = sd.step(c[:, 100:125], st)
-    assert (a - full[:, 100 * SPF:125 * SPF]).abs().max().item() > 1e-4
+    assert (a - full[:, 100 * SPF : 125 * SPF]).abs().max().item() > 1e-4
 
 
 def test_initial_state_is_zeros_with_fixed_shapes(sd, utt):
@@ -143,14 +143,14 @@ def test_batch8_rows_at_different_positions_are_independent(dec, sd):
             assert sum(schedules[r]) == p
             st, start = sd.init_state(1), 0
             for ch in schedules[r]:
-                _, st = sd.step(allc[r:r + 1, start:start + ch], st)
+                _, st = sd.step(allc[r : r + 1, start : start + ch], st)
                 start += ch
             solo_states.append(st)
-            a, _ = sd.step(allc[r:r + 1, p:p + new_t], st)
+            a, _ = sd.step(allc[r : r + 1, p : p + new_t], st)
             solo_out.append(a[0])
-            ref.append(dec.decode(allc[r:r + 1, :p + new_t])[0, p * SPF:])
+            ref.append(dec.decode(allc[r : r + 1, : p + new_t])[0, p * SPF :])
         batched = sd.unflatten_state([torch.cat(ts, 0) for ts in zip(*(sd.flatten_state(s) for s in solo_states))])
-        new_codes = torch.stack([allc[r, positions[r]:positions[r] + new_t] for r in range(b)])
+        new_codes = torch.stack([allc[r, positions[r] : positions[r] + new_t] for r in range(b)])
         out, new_state = sd.step(new_codes, batched)
     assert out.shape == (b, new_t * SPF)
     assert new_state["pos"].tolist() == [p + new_t for p in positions]
@@ -168,7 +168,7 @@ def test_flatten_unflatten_and_onnx_names(sd):
     ins, outs = sd.onnx_state_names()
     assert len(set(ins)) == len(ins) == len(flat) and len(set(outs)) == len(outs)
     assert all(re.fullmatch(r"state_in_[A-Za-z0-9_]+", n) for n in ins)
-    assert [n[len("state_in_"):] for n in ins] == [n[len("state_out_"):] for n in outs]
+    assert [n[len("state_in_") :] for n in ins] == [n[len("state_out_") :] for n in outs]
     with pytest.raises(ValueError):
         sd.unflatten_state(flat[:-1])
 

@@ -34,8 +34,11 @@ CU12_ROUTE = ("download.pytorch.org", "github.com")
 
 
 def _pip_env():
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_NO_INDEX")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PIP_FIND_LINKS", "PIP_CONSTRAINT", "PIP_EXTRA_INDEX_URL", "PIP_INDEX_URL", "PIP_NO_INDEX")
+    }
     env["PIP_CONFIG_FILE"] = os.devnull  # ignore /etc/xdg/pip/pip.conf (local indexes, torch cap)
     return env
 
@@ -52,9 +55,26 @@ def _reachable(host: str, timeout: float = 5.0) -> bool:
 
 def dry_run(req_file: Path, tmp_path: Path, name: str):
     report = tmp_path / f"{name}.json"
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-           "--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:",
-           "--target", str(tmp_path / f"target-{name}"), "--report", str(report), "-r", str(req_file)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--python-version",
+        "3.12",
+        "--implementation",
+        "cp",
+        "--only-binary=:all:",
+        "--target",
+        str(tmp_path / f"target-{name}"),
+        "--report",
+        str(report),
+        "-r",
+        str(req_file),
+    ]
     for p in PLATFORMS:
         cmd += ["--platform", p]
     r = subprocess.run(cmd, env=_pip_env(), capture_output=True, text=True, timeout=900)
@@ -68,6 +88,7 @@ def _version(pkgs, name):
 
 
 # ---- static checks (no network) -----------------------------------------------------------------
+
 
 def _lines(path):
     return [ln.split("#")[0].strip() for ln in path.read_text().splitlines() if ln.split("#")[0].strip()]
@@ -92,6 +113,7 @@ def test_pins_static():
 
 # ---- resolution (network) -------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def pypi():
     if not _reachable("pypi.org"):
@@ -109,9 +131,14 @@ def test_cu13_resolves(pypi, tmp_path):
     assert _version(pkgs, "cuda-toolkit").startswith("13.")
     # what step 2 replaces: numpy 2 / opencv >= 4.13 (only opencv requires numpy>=2 on py3.12)
     assert _version(pkgs, "numpy").startswith("2.")
-    need_np2 = [n for n, i in pkgs.items()
-                if any(re.match(r"numpy\s*>=\s*2", d) and "python_version >= \"3.13\"" not in d and "extra ==" not in d
-                       for d in i["metadata"].get("requires_dist", []) or [])]
+    need_np2 = [
+        n
+        for n, i in pkgs.items()
+        if any(
+            re.match(r"numpy\s*>=\s*2", d) and 'python_version >= "3.13"' not in d and "extra ==" not in d
+            for d in i["metadata"].get("requires_dist", []) or []
+        )
+    ]
     assert need_np2 == ["opencv-python-headless"], need_np2
 
 
@@ -131,9 +158,18 @@ def test_cu12_resolves(pypi, tmp_path):
     # The cu12 route (vLLM's GitHub release asset + PyTorch's cu129 index) is unreachable here:
     # resolve the rest of the file, then report the route as unverified.
     rest = tmp_path / "docker-cu12-pypi.txt"
-    rest.write_text("\n".join(ln for ln in CU12.read_text().splitlines()
-                              if "cu12-route" not in ln and not ln.startswith("--extra-index-url")) + "\n")
+    rest.write_text(
+        "\n".join(
+            ln
+            for ln in CU12.read_text().splitlines()
+            if "cu12-route" not in ln and not ln.startswith("--extra-index-url")
+        )
+        + "\n"
+    )
     pkgs = dry_run(rest, tmp_path, "cu12-pypi")
     assert "tritonclient" in pkgs
-    pytest.skip("cu12 vLLM/torch route not verified: "
-                + ", ".join(h for h in CU12_ROUTE if not _reachable(h)) + " unreachable; the rest resolves")
+    pytest.skip(
+        "cu12 vLLM/torch route not verified: "
+        + ", ".join(h for h in CU12_ROUTE if not _reachable(h))
+        + " unreachable; the rest resolves"
+    )

@@ -139,8 +139,13 @@ def test_entrypoint_parses_and_matches_script_flags():
 
 
 def test_entrypoint_needs_a_checkpoint(tmp_path):
-    env = dict(os.environ, QWEN3_TTS_CHECKPOINT=str(tmp_path / "none"), QWEN3_TTS_CACHE=str(tmp_path / "cache"),
-               QWEN3_TTS_MODEL="", QWEN3_TTS_APP=str(ROOT))
+    env = dict(
+        os.environ,
+        QWEN3_TTS_CHECKPOINT=str(tmp_path / "none"),
+        QWEN3_TTS_CACHE=str(tmp_path / "cache"),
+        QWEN3_TTS_MODEL="",
+        QWEN3_TTS_APP=str(ROOT),
+    )
     r = subprocess.run(["bash", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "no checkpoint" in r.stderr
     # a non-option first argument is run instead

@@ -14,8 +14,14 @@ from triton_qwen3_tts.engines.base import EngineError, check_prompt_frames_trail
 from triton_qwen3_tts.model.prompt import PromptError, validate_request
 from triton_qwen3_tts.serving.tts.admission import Overloaded
 from triton_qwen3_tts.serving.errors import (
-    CODE_NAMES, DownstreamError, as_request_error, code_name_of, downstream_error, error_code_name,
-    parse_error_message)
+    CODE_NAMES,
+    DownstreamError,
+    as_request_error,
+    code_name_of,
+    downstream_error,
+    error_code_name,
+    parse_error_message,
+)
 from triton_qwen3_tts.serving.faults import Unavailable
 from triton_qwen3_tts.serving.model_config import TtsModelConfig
 from triton_qwen3_tts.serving.tts.pipeline import Cancelled
@@ -29,6 +35,7 @@ TINY = Qwen3TTSConfig.from_dict(presets.main_config("tiny"))
 
 class Codes:
     """Stands for pb_utils.TritonError's code constants."""
+
     UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
 
 
@@ -51,18 +58,29 @@ def wire(err):
     return TritonErr(f"[{name}] {err}", getattr(Codes, name))
 
 
-@pytest.mark.parametrize("message,expected", [
-    ("[INVALID_ARG] max_frames: max_frames=5000 exceeds max_model_len",
-     ("INVALID_ARG", "max_frames", "max_frames=5000 exceeds max_model_len")),
-    ("[INVALID_ARG] text: has 2001 characters; the limit is 2000", ("INVALID_ARG", "text", "has 2001 characters; the limit is 2000")),
-    ("[UNAVAILABLE] every codec state slot is taken", ("UNAVAILABLE", None, "every codec state slot is taken")),
-    ("[request id: tts-1] [INTERNAL] aborted", ("INTERNAL", None, "aborted")),
-    ("[INVALID_ARG] EngineConfig.max_model_len: must be >= 3", ("INVALID_ARG", "EngineConfig.max_model_len", "must be >= 3")),
-    ("codes must lie in [0, 2048)", ("INTERNAL", None, "codes must lie in [0, 2048)")),  # no prefix
-    ("CUDA error: out of memory", ("INTERNAL", None, "CUDA error: out of memory")),  # not an input name
-    # an old doubly wrapped message: only the first prefix is taken
-    ("[INTERNAL] talker: [INVALID_ARG] max_frames: x", ("INTERNAL", "talker", "[INVALID_ARG] max_frames: x")),
-])
+@pytest.mark.parametrize(
+    "message,expected",
+    [
+        (
+            "[INVALID_ARG] max_frames: max_frames=5000 exceeds max_model_len",
+            ("INVALID_ARG", "max_frames", "max_frames=5000 exceeds max_model_len"),
+        ),
+        (
+            "[INVALID_ARG] text: has 2001 characters; the limit is 2000",
+            ("INVALID_ARG", "text", "has 2001 characters; the limit is 2000"),
+        ),
+        ("[UNAVAILABLE] every codec state slot is taken", ("UNAVAILABLE", None, "every codec state slot is taken")),
+        ("[request id: tts-1] [INTERNAL] aborted", ("INTERNAL", None, "aborted")),
+        (
+            "[INVALID_ARG] EngineConfig.max_model_len: must be >= 3",
+            ("INVALID_ARG", "EngineConfig.max_model_len", "must be >= 3"),
+        ),
+        ("codes must lie in [0, 2048)", ("INTERNAL", None, "codes must lie in [0, 2048)")),  # no prefix
+        ("CUDA error: out of memory", ("INTERNAL", None, "CUDA error: out of memory")),  # not an input name
+        # an old doubly wrapped message: only the first prefix is taken
+        ("[INTERNAL] talker: [INVALID_ARG] max_frames: x", ("INTERNAL", "talker", "[INVALID_ARG] max_frames: x")),
+    ],
+)
 def test_parse_error_message(message, expected):
     assert parse_error_message(message) == expected
 
@@ -91,7 +109,9 @@ def test_every_code_maps_back_to_itself(code):
 
 def test_response_code_is_used_when_the_message_has_none():
     # the codec models send plain messages with a Triton code
-    e = downstream_error("codec_decoder_stateful", TritonErr("every codec state slot is taken", Codes.UNAVAILABLE), Codes)
+    e = downstream_error(
+        "codec_decoder_stateful", TritonErr("every codec state slot is taken", Codes.UNAVAILABLE), Codes
+    )
     assert error_code_name(e) == "UNAVAILABLE" and str(e) == "codec_decoder_stateful: every codec state slot is taken"
     e = downstream_error("codec_decoder", TritonErr("audio_codes: bad shape", Codes.INVALID_ARG), Codes)
     assert error_code_name(e) == "INVALID_ARG" and e.field == "audio_codes"
@@ -101,13 +121,16 @@ def test_response_code_is_used_when_the_message_has_none():
     assert error_code_name(e) == "INTERNAL" and str(e) == "talker: aborted"
 
 
-@pytest.mark.parametrize("err", [
-    RequestError("max_frames", "max_frames=5000 exceeds max_model_len - prompt_len - 1 = 3000"),
-    PromptError("speaker", "unknown speaker 'bob'"),
-    Overloaded("admission limit reached"),
-    RuntimeError("engine died"),
-    Cancelled("cancelled"),
-])
+@pytest.mark.parametrize(
+    "err",
+    [
+        RequestError("max_frames", "max_frames=5000 exceeds max_model_len - prompt_len - 1 = 3000"),
+        PromptError("speaker", "unknown speaker 'bob'"),
+        Overloaded("admission limit reached"),
+        RuntimeError("engine died"),
+        Cancelled("cancelled"),
+    ],
+)
 def test_round_trip_keeps_code_and_message(err):
     """What a model sends for its error comes back, after the hop, as the same code and text;
     the tts then writes its own prefix once."""
@@ -127,22 +150,33 @@ def test_engine_error_field():
     assert error_code_name(EngineError("x", field="max_frames")) == "INVALID_ARG"
 
 
-@pytest.mark.parametrize("err,field,text", [
-    (PromptError("text", "must be a non-empty string"), "text", "must be a non-empty string"),
-    (EngineError("max_frames=9 exceeds max_model_len - prompt_len - 1 = 3", field="max_frames"), "max_frames",
-     "max_frames=9 exceeds max_model_len - prompt_len - 1 = 3"),
-    (EngineError("top_k=100 > max_top_k=64 (NativeEngineConfig)"), "top_k", "top_k=100 > max_top_k=64 (NativeEngineConfig)"),
-    (EngineError("prompt of 9000 rows is too long"), "text", "prompt of 9000 rows is too long"),
-    (RequestError("seed", "must be in [0, 2^63)"), "seed", "must be in [0, 2^63)"),
-])
+@pytest.mark.parametrize(
+    "err,field,text",
+    [
+        (PromptError("text", "must be a non-empty string"), "text", "must be a non-empty string"),
+        (
+            EngineError("max_frames=9 exceeds max_model_len - prompt_len - 1 = 3", field="max_frames"),
+            "max_frames",
+            "max_frames=9 exceeds max_model_len - prompt_len - 1 = 3",
+        ),
+        (
+            EngineError("top_k=100 > max_top_k=64 (NativeEngineConfig)"),
+            "top_k",
+            "top_k=100 > max_top_k=64 (NativeEngineConfig)",
+        ),
+        (EngineError("prompt of 9000 rows is too long"), "text", "prompt of 9000 rows is too long"),
+        (RequestError("seed", "must be in [0, 2^63)"), "seed", "must be in [0, 2^63)"),
+    ],
+)
 def test_as_request_error_names_the_field_once(err, field, text):
     r = as_request_error(err)
     assert isinstance(r, RequestError) and r.field == field and str(r) == f"{field}: {text}"
 
 
 def test_engine_frame_limit_carries_its_field():
-    req = SimpleNamespace(prompt_embeds=np.zeros((20, 8), np.float32), trailing=None, max_frames=50,
-                          greedy=True, temperature=1.0)
+    req = SimpleNamespace(
+        prompt_embeds=np.zeros((20, 8), np.float32), trailing=None, max_frames=50, greedy=True, temperature=1.0
+    )
     with pytest.raises(EngineError, match="exceeds max_model_len") as e:
         check_prompt_frames_trailing(req, 8, max_model_len=64, max_trailing_tokens=4)
     assert e.value.field == "max_frames"
@@ -153,6 +187,7 @@ def test_engine_frame_limit_carries_its_field():
 
 
 # -- the whole way: talker service -> talker model's error -> BLS -> tts service -> sender ----------
+
 
 class FakeFrontend:
     config = TINY

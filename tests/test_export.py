@@ -41,8 +41,9 @@ def _script(name: str):
 def _run(args, timeout=600, env_extra=None):
     env = dict(os.environ, OMP_NUM_THREADS="2", MKL_NUM_THREADS="2", PYTHONWARNINGS="ignore")
     env.update(env_extra or {})
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 # --- tiny decoder built in-process (no checkpoint needed) -------------------------------------
@@ -86,8 +87,10 @@ def test_onnx_io_contract(tiny_onnx):
     dims = [d.dim_param or d.dim_value for d in inp.type.tensor_type.shape.dim]
     assert dims == ["batch", "frames", 16]
     # fp32 weights only
-    assert all(i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.INT32,
-                               onnx.TensorProto.BOOL) for i in m.graph.initializer)
+    assert all(
+        i.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.BOOL)
+        for i in m.graph.initializer
+    )
 
 
 def test_dynamic_axes_run_at_untraced_shapes(tiny_onnx):
@@ -142,16 +145,20 @@ def test_barrier_refuses_twice_and_missing_site(tiny_onnx):
     m = onnx.load(tiny_onnx[1])
     with pytest.raises(ox.ExportError, match="already has"):
         ox.insert_trt_fusion_barrier(m)
-    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="r")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+    )
     with pytest.raises(ox.ExportError, match="could not find the Transpose after pre_transformer.output_proj"):
         ox.insert_trt_fusion_barrier(helper.make_model(g))
 
 
 def test_parity_and_row_independence(tiny_decoder, tiny_onnx):
-    rep = ox.check_parity(tiny_decoder, tiny_onnx[1], shapes=[(1, 1), (3, 9), (2, 80)], atol=1e-4,
-                          samples_per_frame=1920)
+    rep = ox.check_parity(
+        tiny_decoder, tiny_onnx[1], shapes=[(1, 1), (3, 9), (2, 80)], atol=1e-4, samples_per_frame=1920
+    )
     assert rep.ok, rep.summary()
     kinds = [(c.kind, c.batch, c.frames) for c in rep.cases]
     assert kinds == [("batch", 1, 1), ("batch", 3, 9), ("row", 3, 9), ("batch", 2, 80), ("row", 2, 80)]
@@ -191,8 +198,17 @@ def test_parse_shapes_errors(text, err):
 
 def test_export_script_on_tiny_checkpoint(tiny_checkpoint, tmp_path):
     out = tmp_path / "sub" / "codec.onnx"
-    r = _run([EXPORT / "export_codec_onnx.py", "--checkpoint", tiny_checkpoint, "--out", out,
-              "--parity-shapes", "1x1,2x7,2x80"])
+    r = _run(
+        [
+            EXPORT / "export_codec_onnx.py",
+            "--checkpoint",
+            tiny_checkpoint,
+            "--out",
+            out,
+            "--parity-shapes",
+            "1x1,2x7,2x80",
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert out.is_file()
     assert "trt fusion barrier: around" in r.stdout
@@ -205,8 +221,18 @@ def test_export_script_on_tiny_checkpoint(tiny_checkpoint, tmp_path):
 
 def test_export_script_without_barrier(tiny_checkpoint, tmp_path):
     out = tmp_path / "plain.onnx"
-    r = _run([EXPORT / "export_codec_onnx.py", "--checkpoint", tiny_checkpoint, "--out", out,
-              "--no-trt-fusion-barrier", "--parity-shapes", "2x3"])
+    r = _run(
+        [
+            EXPORT / "export_codec_onnx.py",
+            "--checkpoint",
+            tiny_checkpoint,
+            "--out",
+            out,
+            "--no-trt-fusion-barrier",
+            "--parity-shapes",
+            "2x3",
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "trt fusion barrier: off" in r.stdout
     import onnx
@@ -335,8 +361,23 @@ def test_check_parity_tolerances_and_shapes(fake_onnx):
     mod = _script("check_parity")
     a = mod.parse_args(["--onnx", str(fake_onnx), "--engine", str(fake_onnx)])
     assert (a.atol, a.rtol, a.mean_atol) == (5e-2, 0.0, 5e-3)  # fp16 default
-    a = mod.parse_args(["--onnx", str(fake_onnx), "--engine", str(fake_onnx), "--fp32", "--batch-profile", "1", "2", "4",
-                        "--frames-profile", "2", "8", "16"])
+    a = mod.parse_args(
+        [
+            "--onnx",
+            str(fake_onnx),
+            "--engine",
+            str(fake_onnx),
+            "--fp32",
+            "--batch-profile",
+            "1",
+            "2",
+            "4",
+            "--frames-profile",
+            "2",
+            "8",
+            "16",
+        ]
+    )
     assert (a.atol, a.rtol, a.mean_atol) == (1e-3, 0.0, 1e-4)
     assert all(1 <= b <= 4 and 2 <= t <= 16 for b, t in a.shape_list)
     a = mod.parse_args(["--onnx", str(fake_onnx), "--engine", str(fake_onnx), "--atol", "0.2", "--shapes", "3x5"])
@@ -362,8 +403,19 @@ def test_trt_build_and_parity_on_tiny_export(tiny_onnx, tmp_path):
     """Build an fp32 engine of the tiny export and compare with onnxruntime (GPU + TensorRT)."""
     plan = tmp_path / "model.plan"
     prof = ["--batch-profile", "1", "2", "4", "--frames-profile", "1", "16", "32"]
-    r = _run([EXPORT / "build_trt_engine.py", "--onnx", tiny_onnx[1], "--out", plan, "--fp32",
-              "--timing-cache", tmp_path / "cache", *prof])
+    r = _run(
+        [
+            EXPORT / "build_trt_engine.py",
+            "--onnx",
+            tiny_onnx[1],
+            "--out",
+            plan,
+            "--fp32",
+            "--timing-cache",
+            tmp_path / "cache",
+            *prof,
+        ]
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     r = _run([EXPORT / "check_parity.py", "--onnx", tiny_onnx[1], "--engine", plan, "--fp32", *prof])
     assert r.returncode == 0, r.stdout + r.stderr
@@ -396,6 +448,8 @@ def test_real_size_export_and_parity(tmp_path):
     assert ox.compare_onnx_models(path, plain, [(2, 9)]) <= 1e-6
     t0 = time.time()
     rep = ox.check_parity(dec, path, shapes=[(1, 2), (2, 25), (2, 97)], atol=1e-4, samples_per_frame=1920)
-    print(f"\nreal-size decoder {n / 1e6:.1f}M params: export {t_export:.1f}s, parity {time.time() - t0:.1f}s\n"
-          + rep.summary())
+    print(
+        f"\nreal-size decoder {n / 1e6:.1f}M params: export {t_export:.1f}s, parity {time.time() - t0:.1f}s\n"
+        + rep.summary()
+    )
     assert rep.ok, rep.summary()

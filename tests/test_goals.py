@@ -19,8 +19,9 @@ def test_goals_json_is_complete():
 
 
 def test_tables_match_goals_json():
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "render_goals.py"), "--check"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "render_goals.py"), "--check"], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
 
 

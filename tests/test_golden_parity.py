@@ -34,13 +34,17 @@ ARRAYS = FIXTURES / "golden.npz"
 ATOL = 1e-4
 REGENERATE = "python scripts/make_golden.py"
 
-pytestmark = pytest.mark.skipif(not (MANIFEST.exists() and ARRAYS.exists()),
-                                reason=f"golden fixtures missing; make them with {REGENERATE}")
+pytestmark = pytest.mark.skipif(
+    not (MANIFEST.exists() and ARRAYS.exists()), reason=f"golden fixtures missing; make them with {REGENERATE}"
+)
 
 _MANIFEST = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {"cases": []}
 CASES = {c["name"]: c for c in _MANIFEST["cases"]}
-_CKPT_FIXTURE = {"tiny": "tiny_checkpoint", "tiny-base": "tiny_base_checkpoint",
-                 "tiny-voicedesign": "tiny_voicedesign_checkpoint"}
+_CKPT_FIXTURE = {
+    "tiny": "tiny_checkpoint",
+    "tiny-base": "tiny_base_checkpoint",
+    "tiny-voicedesign": "tiny_voicedesign_checkpoint",
+}
 CONFTEST_SEED = 0  # conftest.TINY_SEED
 
 
@@ -60,9 +64,11 @@ def _check_same_checkpoint(path: Path, preset: str) -> None:
         return
     bad = [rel for rel, h in want.items() if not (path / rel).exists() or _sha256(path / rel) != h]
     if bad:
-        pytest.fail(f"the {preset} random checkpoint is no longer byte-identical to the one the golden "
-                    f"fixtures were made from (differs: {', '.join(bad)}); the fixtures are stale. "
-                    f"Regenerate them: {REGENERATE}")
+        pytest.fail(
+            f"the {preset} random checkpoint is no longer byte-identical to the one the golden "
+            f"fixtures were made from (differs: {', '.join(bad)}); the fixtures are stale. "
+            f"Regenerate them: {REGENERATE}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +85,11 @@ def ckpt(request, tmp_path_factory):
                 path = Path(request.getfixturevalue(_CKPT_FIXTURE[preset]))
             else:
                 from triton_qwen3_tts.tools.random_checkpoint import write_random_checkpoint
+
                 path = tmp_path_factory.mktemp("golden") / preset
                 write_random_checkpoint(preset, path, seed, progress=False)
             _check_same_checkpoint(path, preset)
-            cache[preset] = load_checkpoint(path, dtype=torch.float32,
-                                            load_encoder=(preset == "tiny-base"))
+            cache[preset] = load_checkpoint(path, dtype=torch.float32, load_encoder=(preset == "tiny-base"))
         return cache[preset]
 
     return get
@@ -103,11 +109,16 @@ def _request(case, golden):
     xvec = bool(kw.get("x_vector_only_mode", False))
     icl = case["task_type"] == "Base" and not xvec
     return PromptRequest(
-        task_type=case["task_type"], text=kw["text"], language=kw.get("language", "auto"),
-        speaker=kw.get("speaker"), instruct=kw.get("instruct"),
+        task_type=case["task_type"],
+        text=kw["text"],
+        language=kw.get("language", "auto"),
+        speaker=kw.get("speaker"),
+        instruct=kw.get("instruct"),
         ref_text=kw.get("ref_text") if icl else None,
         ref_codes=golden[_MANIFEST["ref_codes"]["key"]].astype(np.int64) if icl else None,
-        x_vector_only=xvec, non_streaming_mode=case["non_streaming_mode"])
+        x_vector_only=xvec,
+        non_streaming_mode=case["non_streaming_mode"],
+    )
 
 
 def _our_prompt(case, golden, ck):
@@ -134,8 +145,9 @@ def _queue(trailing: np.ndarray, pad: np.ndarray, n: int) -> np.ndarray:
 def _greedy(ck, max_new_tokens):
     from triton_qwen3_tts.model.sampling import SamplingParams
 
-    return SamplingParams.from_defaults(ck.generation, do_sample=False, subtalker_dosample=False,
-                                        max_new_tokens=max_new_tokens)
+    return SamplingParams.from_defaults(
+        ck.generation, do_sample=False, subtalker_dosample=False, max_new_tokens=max_new_tokens
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,8 +179,9 @@ def test_prompt_embeddings(name, golden, ckpt):
     d_pad = _maxabs(pad.numpy(), want_pad)
     n = max(len(tr), len(want_tr)) + 1
     d_tr = _maxabs(_queue(tr.numpy(), pad.numpy(), n), _queue(want_tr, want_pad, n))
-    assert d_pe <= ATOL and d_tr <= ATOL and d_pad <= ATOL, \
+    assert d_pe <= ATOL and d_tr <= ATOL and d_pad <= ATOL, (
         f"max-abs: prompt {d_pe:.3g}, trailing queue {d_tr:.3g}, tts_pad {d_pad:.3g}"
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -179,10 +192,13 @@ def test_greedy_codes_from_official_prompt(name, golden, ckpt):
     case = CASES[name]
     ck = ckpt(case["checkpoint"])
     keys = case["keys"]
-    codes = generate_codes(ck.model.talker, torch.from_numpy(golden[keys["prompt_embeds"]]),
-                           torch.from_numpy(golden[keys["trailing"]]),
-                           torch.from_numpy(golden[keys["tts_pad_embed"]]),
-                           _greedy(ck, _MANIFEST["greedy"]["max_new_tokens"]))
+    codes = generate_codes(
+        ck.model.talker,
+        torch.from_numpy(golden[keys["prompt_embeds"]]),
+        torch.from_numpy(golden[keys["trailing"]]),
+        torch.from_numpy(golden[keys["tts_pad_embed"]]),
+        _greedy(ck, _MANIFEST["greedy"]["max_new_tokens"]),
+    )
     want = golden[keys["codes"]].astype(np.int64)
     np.testing.assert_array_equal(codes.numpy(), want)
 
@@ -223,6 +239,7 @@ def test_speaker_embedding(golden, ckpt):
 
 def test_reference_codes(golden, ckpt):
     from triton_qwen3_tts.model.codec_encoder import encode_reference
+
     meta = _MANIFEST["ref_codes"]
     ck = ckpt(meta["checkpoint"])
     codes = encode_reference(ck.encoder, golden[meta["wav_key"]])

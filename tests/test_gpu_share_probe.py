@@ -15,8 +15,14 @@ def run(*args):
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("args,msg", [(["--calls", "1x0"], "shapes like 1x2"), (["--calls", "8"], "shapes like 1x2"),
-                                      (["--load-ms", "0"], "--load-ms must be > 0")])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--calls", "1x0"], "shapes like 1x2"),
+        (["--calls", "8"], "shapes like 1x2"),
+        (["--load-ms", "0"], "--load-ms must be > 0"),
+    ],
+)
 def test_argument_errors(args, msg):
     r = run(*args)
     assert r.returncode == 2 and msg in r.stderr

@@ -11,7 +11,7 @@ from triton_qwen3_tts.tools import launcher
 pytestmark = pytest.mark.system
 
 
-ECHO = textwrap.dedent('''
+ECHO = textwrap.dedent("""
     import numpy as np
     import triton_python_backend_utils as pb_utils
 
@@ -22,15 +22,15 @@ ECHO = textwrap.dedent('''
                 x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
                 out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x * 2).astype(np.float32))]))
             return out
-''')
-CONFIG = textwrap.dedent('''
+""")
+CONFIG = textwrap.dedent("""
     name: "echo"
     backend: "python"
     max_batch_size: 0
     input [{ name: "X" data_type: TYPE_FP32 dims: [ -1 ] }]
     output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1 ] }]
     instance_group [{ kind: KIND_CPU count: 1 }]
-''')
+""")
 
 
 def test_server_starts_serves_and_stops(tmp_path):
@@ -42,8 +42,9 @@ def test_server_starts_serves_and_stops(tmp_path):
     (repo / "config.pbtxt").write_text(CONFIG)
     (repo / "1" / "model.py").write_text(ECHO)
     http, grpc, metrics = free_ports(3)
-    server = launcher.start_server(str(tmp_path / "repo"), http, grpc, metrics,
-                                   str(tmp_path / "server.log"), ready_timeout=120)
+    server = launcher.start_server(
+        str(tmp_path / "repo"), http, grpc, metrics, str(tmp_path / "server.log"), ready_timeout=120
+    )
     try:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         x = np.arange(5, dtype=np.float32)

@@ -68,7 +68,8 @@ def test_imports_point_down(name, path):
     for mod, line in _imports(name, path):
         where = f"{path.relative_to(ROOT.parent)}:{line} imports {mod}"
         if mod == "triton_python_backend_utils" and not (
-                name.startswith(f"{PKG}.serving.") and name.endswith(".triton")):
+            name.startswith(f"{PKG}.serving.") and name.endswith(".triton")
+        ):
             problems.append(f"{where}: only serving/*/triton.py may import the Triton Python backend")
         if layer == "model" and mod.split(".")[0] in ("vllm", "triton_python_backend_utils", "tritonclient"):
             problems.append(f"{where}: the model layer is plain PyTorch")

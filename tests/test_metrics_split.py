@@ -13,21 +13,27 @@ import metrics_split  # noqa: E402
 
 
 def snapshot(ttfa_sum, ttfa_n, ttff_sum, codec_n, codec_exec, codec_us, queue_us):
-    return "\n".join([
-        f'qwen3_tts_time_to_first_audio_seconds_sum{{model="tts",instance="tts_0"}} {ttfa_sum}',
-        f'qwen3_tts_time_to_first_audio_seconds_count{{model="tts",instance="tts_0"}} {ttfa_n}',
-        f'qwen3_tts_time_to_first_frames_seconds_sum{{model="tts",instance="tts_0"}} {ttff_sum}',
-        f'qwen3_tts_time_to_first_frames_seconds_count{{model="tts",instance="tts_0"}} {ttfa_n}',
-        f'nv_inference_count{{model="codec_decoder_stateful",version="1"}} {codec_n}',
-        f'nv_inference_exec_count{{model="codec_decoder_stateful",version="1"}} {codec_exec}',
-        f'nv_inference_compute_infer_duration_us{{model="codec_decoder_stateful",version="1"}} {codec_us}',
-        f'nv_inference_queue_duration_us{{model="codec_decoder_stateful",version="1"}} {queue_us}',
-        "# a comment line", ""])
+    return "\n".join(
+        [
+            f'qwen3_tts_time_to_first_audio_seconds_sum{{model="tts",instance="tts_0"}} {ttfa_sum}',
+            f'qwen3_tts_time_to_first_audio_seconds_count{{model="tts",instance="tts_0"}} {ttfa_n}',
+            f'qwen3_tts_time_to_first_frames_seconds_sum{{model="tts",instance="tts_0"}} {ttff_sum}',
+            f'qwen3_tts_time_to_first_frames_seconds_count{{model="tts",instance="tts_0"}} {ttfa_n}',
+            f'nv_inference_count{{model="codec_decoder_stateful",version="1"}} {codec_n}',
+            f'nv_inference_exec_count{{model="codec_decoder_stateful",version="1"}} {codec_exec}',
+            f'nv_inference_compute_infer_duration_us{{model="codec_decoder_stateful",version="1"}} {codec_us}',
+            f'nv_inference_queue_duration_us{{model="codec_decoder_stateful",version="1"}} {queue_us}',
+            "# a comment line",
+            "",
+        ]
+    )
 
 
 def test_level_figures_are_differences_of_snapshots():
     a = metrics_split.parse(snapshot(0.4, 10, 0.25, 120, 120, 1_200_000, 120_000))
-    b = metrics_split.parse(snapshot(0.4 + 4.0, 30, 0.25 + 3.0, 120 + 400, 120 + 100, 1_200_000 + 8_000_000, 120_000 + 4_000_000))
+    b = metrics_split.parse(
+        snapshot(0.4 + 4.0, 30, 0.25 + 3.0, 120 + 400, 120 + 100, 1_200_000 + 8_000_000, 120_000 + 4_000_000)
+    )
     f1 = metrics_split.level_figures(a, {})
     assert f1["first_audio_ms"] == pytest.approx(40.0) and f1["first_frames_ms"] == pytest.approx(25.0)
     assert f1["codec_decoder_stateful.exec_ms"] == pytest.approx(10.0)
@@ -45,13 +51,17 @@ def test_cli(tmp_path):
     p1, p2 = tmp_path / "metrics_x_c1.txt", tmp_path / "metrics_x_c32.txt"
     p1.write_text(snapshot(0.4, 10, 0.25, 120, 120, 1_200_000, 120_000))
     p2.write_text(snapshot(4.4, 30, 3.25, 520, 220, 9_200_000, 4_120_000))
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "metrics_split.py"), str(p1), str(p2)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "metrics_split.py"), str(p1), str(p2)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "level 1: 10 requests" in r.stdout and "level 32: 20 requests" in r.stdout
     assert "TTFA 200.0 ms = first frames 150.0 + 50.0" in r.stdout
     empty = tmp_path / "empty.txt"
     empty.write_text("nothing here\n")
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "metrics_split.py"), str(empty)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "metrics_split.py"), str(empty)], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "no Prometheus samples" in r.stderr

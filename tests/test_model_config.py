@@ -3,7 +3,12 @@ import json
 import pytest
 
 from triton_qwen3_tts.serving.model_config import (
-    CodecModelConfig, ModelConfigError, TalkerModelConfig, TtsModelConfig, parameters_from_model_config)
+    CodecModelConfig,
+    ModelConfigError,
+    TalkerModelConfig,
+    TtsModelConfig,
+    parameters_from_model_config,
+)
 
 
 def pbjson(**params):
@@ -11,22 +16,37 @@ def pbjson(**params):
 
 
 def test_parse_talker():
-    p = parameters_from_model_config(pbjson(checkpoint="/ckpt", max_num_seqs="8", enforce_eager="true",
-                                            kv_cache_memory_bytes="67108864", gpu_memory_utilization="0.3"))
+    p = parameters_from_model_config(
+        pbjson(
+            checkpoint="/ckpt",
+            max_num_seqs="8",
+            enforce_eager="true",
+            kv_cache_memory_bytes="67108864",
+            gpu_memory_utilization="0.3",
+        )
+    )
     c = TalkerModelConfig.from_parameters(p)
-    assert (c.checkpoint, c.max_num_seqs, c.enforce_eager, c.kv_cache_memory_bytes, c.gpu_memory_utilization) == \
-        ("/ckpt", 8, True, 67108864, 0.3)
+    assert (c.checkpoint, c.max_num_seqs, c.enforce_eager, c.kv_cache_memory_bytes, c.gpu_memory_utilization) == (
+        "/ckpt",
+        8,
+        True,
+        67108864,
+        0.3,
+    )
     assert c.engine == "vllm"
 
 
-@pytest.mark.parametrize("params,msg", [
-    (dict(), "'checkpoint' is required"),
-    (dict(checkpoint="/c", engine="tgi"), "'engine' must be one of vllm, native"),
-    (dict(checkpoint="/c", max_num_seqs="many"), "max_num_seqs"),
-    (dict(checkpoint="/c", max_num_seqs="0"), r"\[1, 1024\]"),
-    (dict(checkpoint="/c", enforce_eager="maybe"), "true or false"),
-    (dict(checkpoint="/c", bogus="1"), "unknown parameter"),
-])
+@pytest.mark.parametrize(
+    "params,msg",
+    [
+        (dict(), "'checkpoint' is required"),
+        (dict(checkpoint="/c", engine="tgi"), "'engine' must be one of vllm, native"),
+        (dict(checkpoint="/c", max_num_seqs="many"), "max_num_seqs"),
+        (dict(checkpoint="/c", max_num_seqs="0"), r"\[1, 1024\]"),
+        (dict(checkpoint="/c", enforce_eager="maybe"), "true or false"),
+        (dict(checkpoint="/c", bogus="1"), "unknown parameter"),
+    ],
+)
 def test_talker_errors(params, msg):
     with pytest.raises(ModelConfigError, match=msg):
         TalkerModelConfig.from_parameters(params)
@@ -50,8 +70,9 @@ def test_codec_and_tts():
 def test_talker_native_knobs():
     from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
 
-    cfg = TalkerModelConfig.from_parameters({"checkpoint": "ck", "engine": "native", "native_compile": "true",
-                                             "native_batch_buckets": "1,8,32,64"})
+    cfg = TalkerModelConfig.from_parameters(
+        {"checkpoint": "ck", "engine": "native", "native_compile": "true", "native_batch_buckets": "1,8,32,64"}
+    )
     assert cfg.native_compile is True and cfg.batch_buckets() == (1, 8, 32, 64)
     assert TalkerModelConfig(checkpoint="ck").batch_buckets() is None
     for bad in ("1,x", "0,8", "2000", ","):

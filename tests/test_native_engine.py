@@ -28,8 +28,7 @@ def _one_thread():
 
 @pytest.fixture(scope="module")
 def ref(tiny_checkpoint):
-    ck = load_checkpoint(tiny_checkpoint, dtype=torch.float32, load_speech_tokenizer=False,
-                         load_tokenizer=False)
+    ck = load_checkpoint(tiny_checkpoint, dtype=torch.float32, load_speech_tokenizer=False, load_tokenizer=False)
     talker = ck.model.talker.eval()
     pad = talker.embed_text(torch.tensor([ck.config.tts_pad_token_id]))[0].detach()
     return talker, pad
@@ -43,8 +42,16 @@ def loop():
 
 
 def _cfg(**kw):
-    base = dict(max_num_seqs=4, max_model_len=MAX_LEN, device="cpu", dtype="float32",
-                cuda_graphs=False, batch_buckets=(1, 2, 4), ctx_buckets=(32, 64), max_trailing_tokens=16)
+    base = dict(
+        max_num_seqs=4,
+        max_model_len=MAX_LEN,
+        device="cpu",
+        dtype="float32",
+        cuda_graphs=False,
+        batch_buckets=(1, 2, 4),
+        ctx_buckets=(32, 64),
+        max_trailing_tokens=16,
+    )
     base.update(kw)
     return NativeEngineConfig(**base)
 
@@ -82,10 +89,12 @@ async def _collect(engine, req, abort_after=None):
 
 async def _staggered(engine, reqs, delays_steps):
     """Start request i once the engine has run ``delays_steps[i]`` decode steps."""
+
     async def one(r, d):
         while engine.steps < d:
             await asyncio.sleep(0.001)
         return await _collect(engine, r)
+
     return await asyncio.gather(*(one(r, d) for r, d in zip(reqs, delays_steps)))
 
 
@@ -107,10 +116,15 @@ def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
     _check_join_and_leave(engine, ref, loop)
 
 
-@pytest.mark.parametrize("kw", [dict(fast_math=True),
-                                dict(fuse_weights=False, skip_top_p=False, batched_prefill=False),
-                                dict(compile=True, compile_backend="eager")],
-                         ids=["fast_math", "unfused", "compile_traced"])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(fast_math=True),
+        dict(fuse_weights=False, skip_top_p=False, batched_prefill=False),
+        dict(compile=True, compile_backend="eager"),
+    ],
+    ids=["fast_math", "unfused", "compile_traced"],
+)
 def test_greedy_matches_reference_engine_variants(tiny_checkpoint, ref, loop, kw):
     """The fast paths (SDPA with is_causal / an additive mask, one-kernel RMSNorm, stacked
     residual gather) and the A/B knobs give the same greedy frames as the reference on CPU fp32.
@@ -132,8 +146,7 @@ def _check_join_and_leave(engine, ref, loop):
     reqs, wants = [], []
     for i, (L, N, mf, _) in enumerate(specs):
         pe, tr = _prompt(d, L, N, seed=100 + i)
-        reqs.append(TalkerRequest(request_id=f"g{i}", prompt_embeds=pe, trailing=tr, max_frames=mf,
-                                  greedy=True))
+        reqs.append(TalkerRequest(request_id=f"g{i}", prompt_embeds=pe, trailing=tr, max_frames=mf, greedy=True))
         wants.append(_reference(talker, pad, pe, tr, mf))
     outs = loop.run_until_complete(_staggered(engine, reqs, [s[3] for s in specs]))
     for i, (got, want) in enumerate(zip(outs, wants)):
@@ -154,13 +167,13 @@ def test_greedy_burst_batched_prefill(engine, ref, loop):
     reqs, wants = [], []
     for i, (L, N, mf) in enumerate(specs):
         pe, tr = _prompt(d, L, N, seed=300 + i)
-        reqs.append(TalkerRequest(request_id=f"burst{i}", prompt_embeds=pe, trailing=tr, max_frames=mf,
-                                  greedy=True))
+        reqs.append(TalkerRequest(request_id=f"burst{i}", prompt_embeds=pe, trailing=tr, max_frames=mf, greedy=True))
         wants.append(_reference(talker, pad, pe, tr, mf))
     before = dict(engine.prefill_hist)
 
     async def burst():
         return await asyncio.gather(*(_collect(engine, r) for r in reqs))
+
     outs = loop.run_until_complete(burst())
     for i, (got, want) in enumerate(zip(outs, wants)):
         np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
@@ -177,10 +190,15 @@ class _ReplayAsCalls:
 
     def __init__(self, m, cfg):
         self.m = m
-        self.graphs = {(b, c, tp): None for b in cfg.batch_sizes() for c in cfg.ctx_sizes()
-                       for tp in (False, True)}
-        self.graphs.update({("prefill", p, L): None for L in cfg.prefill_len_sizes()
-                            for p in cfg.batch_sizes() if p * L <= cfg.prefill_max_tokens})
+        self.graphs = {(b, c, tp): None for b in cfg.batch_sizes() for c in cfg.ctx_sizes() for tp in (False, True)}
+        self.graphs.update(
+            {
+                ("prefill", p, L): None
+                for L in cfg.prefill_len_sizes()
+                for p in cfg.batch_sizes()
+                if p * L <= cfg.prefill_max_tokens
+            }
+        )
         self.replayed = []
 
     def replay(self, key):
@@ -208,12 +226,12 @@ def test_greedy_prefill_buckets_as_in_graph_mode(tiny_checkpoint, ref, loop):
         reqs, wants = [], []
         for i, (L, N, mf) in enumerate(specs):
             pe, tr = _prompt(d, L, N, seed=400 + i)
-            reqs.append(TalkerRequest(request_id=f"pb{i}", prompt_embeds=pe, trailing=tr, max_frames=mf,
-                                      greedy=True))
+            reqs.append(TalkerRequest(request_id=f"pb{i}", prompt_embeds=pe, trailing=tr, max_frames=mf, greedy=True))
             wants.append(_reference(talker, pad, pe, tr, mf))
 
         async def burst():
             return await asyncio.gather(*(_collect(eng, r) for r in reqs))
+
         outs = loop.run_until_complete(burst())
         for i, (got, want) in enumerate(zip(outs, wants)):
             np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
@@ -243,9 +261,14 @@ def test_greedy_eos_and_min_new_tokens(tiny_checkpoint, ref, loop):
         for i, mn in enumerate((2, 0, 5)):
             pe, tr = _prompt(d, 6, 2, seed=7 + i)
             want = _reference(talker, pad, pe, tr, 30, min_new_tokens=mn)
-            got = loop.run_until_complete(_collect(eng, TalkerRequest(
-                request_id=f"e{i}", prompt_embeds=pe, trailing=tr, max_frames=30, greedy=True,
-                min_new_tokens=mn)))
+            got = loop.run_until_complete(
+                _collect(
+                    eng,
+                    TalkerRequest(
+                        request_id=f"e{i}", prompt_embeds=pe, trailing=tr, max_frames=30, greedy=True, min_new_tokens=mn
+                    ),
+                )
+            )
             np.testing.assert_array_equal(got, want)
             outs.append(len(got))
         assert any(n < 30 for n in outs)  # EOS actually stopped some request
@@ -263,10 +286,17 @@ def test_aborts_free_slots(engine, ref, loop):
     async def run():
         async def one(i):
             pe, tr = _prompt(d, rng.randrange(2, 20), rng.randrange(0, 8), seed=i)
-            r = TalkerRequest(request_id=f"ab{i}", prompt_embeds=pe, trailing=tr,
-                              max_frames=rng.randrange(2, 10), seed=i, suppress_eos=True)
+            r = TalkerRequest(
+                request_id=f"ab{i}",
+                prompt_embeds=pe,
+                trailing=tr,
+                max_frames=rng.randrange(2, 10),
+                seed=i,
+                suppress_eos=True,
+            )
             await asyncio.sleep(rng.random() * 0.02)
             return await _collect(engine, r, abort_after=rng.choice([1, 2, 3]))
+
         return await asyncio.gather(*(one(i) for i in range(20)))
 
     outs = loop.run_until_complete(run())
@@ -276,8 +306,9 @@ def test_aborts_free_slots(engine, ref, loop):
     assert st["active"] == 0 and st["waiting"] == 0 and st["tracked"] == 0 and st["free"] == 4
     # the engine still serves exact greedy requests after all the aborts
     pe, tr = _prompt(d, 8, 2, seed=99)
-    got = loop.run_until_complete(_collect(engine, TalkerRequest(
-        request_id="after", prompt_embeds=pe, trailing=tr, max_frames=5, greedy=True)))
+    got = loop.run_until_complete(
+        _collect(engine, TalkerRequest(request_id="after", prompt_embeds=pe, trailing=tr, max_frames=5, greedy=True))
+    )
     np.testing.assert_array_equal(got, _reference(talker, ref[1], pe, tr, 5))
 
 
@@ -287,9 +318,14 @@ def test_abort_waiting_and_closed_stream(engine, ref, loop):
 
     async def run():
         pe, tr = _prompt(d, 4, 0, seed=1)
-        gens = [engine.synthesize(TalkerRequest(request_id=f"w{i}", prompt_embeds=pe, trailing=tr,
-                                                max_frames=40, seed=i, suppress_eos=True))
-                for i in range(6)]
+        gens = [
+            engine.synthesize(
+                TalkerRequest(
+                    request_id=f"w{i}", prompt_embeds=pe, trailing=tr, max_frames=40, seed=i, suppress_eos=True
+                )
+            )
+            for i in range(6)
+        ]
         firsts = await asyncio.gather(*(g.__anext__() for g in gens[:4]))
         assert all(len(f) >= 1 for f in firsts)
         t5 = asyncio.ensure_future(gens[5].__anext__())
@@ -315,12 +351,15 @@ def test_seeded_sampling_reproducible(engine, ref, loop):
     pe, tr = _prompt(d, 7, 3, seed=11)
 
     def req(rid, seed, **kw):
-        return TalkerRequest(request_id=rid, prompt_embeds=pe, trailing=tr, max_frames=10, seed=seed,
-                             suppress_eos=True, **kw)
+        return TalkerRequest(
+            request_id=rid, prompt_embeds=pe, trailing=tr, max_frames=10, seed=seed, suppress_eos=True, **kw
+        )
 
     async def three():
-        return await asyncio.gather(_collect(engine, req("s-a", 7)), _collect(engine, req("s-b", 7)),
-                                    _collect(engine, req("s-c", 8)))
+        return await asyncio.gather(
+            _collect(engine, req("s-a", 7)), _collect(engine, req("s-b", 7)), _collect(engine, req("s-c", 8))
+        )
+
     a, b, c = loop.run_until_complete(three())
     alone = loop.run_until_complete(_collect(engine, req("s-d", 7)))  # batch of one: same frames
     assert a.shape == (10, 16)
@@ -328,10 +367,12 @@ def test_seeded_sampling_reproducible(engine, ref, loop):
     np.testing.assert_array_equal(a, alone)
     assert not np.array_equal(a, c)
     assert a.min() >= 0 and a.max() < 2048
+
     # a batch running the top-p variant (another request has top_p < 1) samples a top_p = 1
     # request exactly as a batch without it does
     async def with_top_p():
         return await asyncio.gather(_collect(engine, req("s-e", 7)), _collect(engine, req("s-f", 9, top_p=0.5)))
+
     e, f = loop.run_until_complete(with_top_p())
     np.testing.assert_array_equal(e, a)
     assert f.shape == (10, 16)
@@ -372,9 +413,18 @@ def test_limits_refused(engine, ref, loop):
     bad("temperature", temperature=0.0)
     bad("max_top_k", top_k=100)
     # the longest allowed request runs
-    got = loop.run_until_complete(_collect(engine, TalkerRequest(
-        request_id="edge", prompt_embeds=torch.zeros(MAX_LEN - 2, d), max_frames=1, greedy=True,
-        suppress_eos=True)))
+    got = loop.run_until_complete(
+        _collect(
+            engine,
+            TalkerRequest(
+                request_id="edge",
+                prompt_embeds=torch.zeros(MAX_LEN - 2, d),
+                max_frames=1,
+                greedy=True,
+                suppress_eos=True,
+            ),
+        )
+    )
     assert got.shape == (1, 16)
     assert engine.stats()["tracked"] == 0
 
@@ -391,8 +441,9 @@ def test_padding_rows_do_not_advance(tiny_checkpoint, ref, loop):
         total = 0
         for i in range(4):  # 4 x 40 steps > MAX_LEN = 96
             pe, tr = _prompt(d, 8, 3, seed=900 + i)
-            req = TalkerRequest(request_id=f"pad{i}", prompt_embeds=pe, trailing=tr, max_frames=40,
-                                greedy=True, suppress_eos=True)
+            req = TalkerRequest(
+                request_id=f"pad{i}", prompt_embeds=pe, trailing=tr, max_frames=40, greedy=True, suppress_eos=True
+            )
             got = loop.run_until_complete(_collect(eng, req))
             assert got.shape == (40, 16)
             total += len(got)
@@ -400,8 +451,11 @@ def test_padding_rows_do_not_advance(tiny_checkpoint, ref, loop):
         assert total > MAX_LEN and eng.stats()["active"] == 0
         # and the engine still computes exact greedy frames
         pe, tr = _prompt(d, 8, 2, seed=99)
-        got = loop.run_until_complete(_collect(eng, TalkerRequest(
-            request_id="pad-after", prompt_embeds=pe, trailing=tr, max_frames=5, greedy=True)))
+        got = loop.run_until_complete(
+            _collect(
+                eng, TalkerRequest(request_id="pad-after", prompt_embeds=pe, trailing=tr, max_frames=5, greedy=True)
+            )
+        )
         np.testing.assert_array_equal(got, _reference(talker, pad, pe, tr, 5))
     finally:
         eng.shutdown()

@@ -56,12 +56,17 @@ def test_maybe_start_is_off_without_the_env_and_writes_when_on(tmp_path, monkeyp
     data = json.loads(Path(s.path).read_text())
     assert data["name"] == "tts" and data["timings"]["first_frames"]["count"] == 1
     assert "MainThread" in data["threads"]
-    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "profile_report.py"), str(tmp_path / "prof")],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "profile_report.py"), str(tmp_path / "prof")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "== tts" in out and "timing first_frames: n=1" in out
 
 
 def test_report_script_says_when_there_is_nothing(tmp_path):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "profile_report.py"), str(tmp_path)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "profile_report.py"), str(tmp_path)], capture_output=True, text=True
+    )
     assert r.returncode == 1 and "no profiles" in r.stderr

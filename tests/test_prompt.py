@@ -14,8 +14,14 @@ import pytest
 
 from triton_qwen3_tts.model.config import Qwen3TTSConfig
 from triton_qwen3_tts.model.presets import main_config
-from triton_qwen3_tts.model.prompt import (PromptError, PromptLayout, PromptRequest, build_prompt,
-                                     embed_prompt, validate_request)
+from triton_qwen3_tts.model.prompt import (
+    PromptError,
+    PromptLayout,
+    PromptRequest,
+    build_prompt,
+    embed_prompt,
+    validate_request,
+)
 
 IM_START, IM_END, ASSISTANT, USER, NL = 151644, 151645, 77091, 872, 198
 PAD_T, BOS_T, EOS_T = 151671, 151672, 151673
@@ -43,8 +49,8 @@ class WordTokenizer:
 
 
 TOK = WordTokenizer()
-TEXT5 = "one two three four five"          # n = 5
-REF3 = "alpha beta gamma"                  # m = 3
+TEXT5 = "one two three four five"  # n = 5
+REF3 = "alpha beta gamma"  # m = 3
 R = 10
 
 
@@ -72,43 +78,76 @@ def build(c, **kw) -> PromptLayout:
 
 # ------------------------------------------------------------------ lengths table (spec 3.2)
 
+
 def test_lengths_table():
     lens = {
-        "cv_en_stream": build(CV, task_type="CustomVoice", text=TEXT5, language="english",
-                              speaker="ryan", non_streaming_mode=False).len,
-        "cv_auto_stream": build(CV, task_type="CustomVoice", text=TEXT5, language="auto",
-                                speaker="ryan", non_streaming_mode=False).len,
-        "cv_zh_eric_stream": build(CV, task_type="CustomVoice", text=TEXT5, language="chinese",
-                                   speaker="eric", non_streaming_mode=False).len,
-        "icl_stream": build(BASE, task_type="Base", text=TEXT5, language="english", ref_text=REF3,
-                            ref_codes=codes(), non_streaming_mode=False).len,
-        "icl_nonstream": build(BASE, task_type="Base", text=TEXT5, language="english", ref_text=REF3,
-                               ref_codes=codes(), non_streaming_mode=True).len,
-        "xvec_stream": build(BASE, task_type="Base", text=TEXT5, language="english",
-                             x_vector_only=True, non_streaming_mode=False).len,
-        "xvec_nonstream": build(BASE, task_type="Base", text=TEXT5, language="english",
-                                x_vector_only=True, non_streaming_mode=True).len,
+        "cv_en_stream": build(
+            CV, task_type="CustomVoice", text=TEXT5, language="english", speaker="ryan", non_streaming_mode=False
+        ).len,
+        "cv_auto_stream": build(
+            CV, task_type="CustomVoice", text=TEXT5, language="auto", speaker="ryan", non_streaming_mode=False
+        ).len,
+        "cv_zh_eric_stream": build(
+            CV, task_type="CustomVoice", text=TEXT5, language="chinese", speaker="eric", non_streaming_mode=False
+        ).len,
+        "icl_stream": build(
+            BASE,
+            task_type="Base",
+            text=TEXT5,
+            language="english",
+            ref_text=REF3,
+            ref_codes=codes(),
+            non_streaming_mode=False,
+        ).len,
+        "icl_nonstream": build(
+            BASE,
+            task_type="Base",
+            text=TEXT5,
+            language="english",
+            ref_text=REF3,
+            ref_codes=codes(),
+            non_streaming_mode=True,
+        ).len,
+        "xvec_stream": build(
+            BASE, task_type="Base", text=TEXT5, language="english", x_vector_only=True, non_streaming_mode=False
+        ).len,
+        "xvec_nonstream": build(
+            BASE, task_type="Base", text=TEXT5, language="english", x_vector_only=True, non_streaming_mode=True
+        ).len,
         # instruction of 2 words -> 3 + 2 + 2 = 7 ids
-        "instr7_nonstream": build(CV_17, task_type="CustomVoice", text=TEXT5, language="english",
-                                  speaker="ryan", instruct="speak softly", non_streaming_mode=True).len,
+        "instr7_nonstream": build(
+            CV_17,
+            task_type="CustomVoice",
+            text=TEXT5,
+            language="english",
+            speaker="ryan",
+            instruct="speak softly",
+            non_streaming_mode=True,
+        ).len,
     }
-    assert lens == {"cv_en_stream": 10, "cv_auto_stream": 9, "cv_zh_eric_stream": 10,
-                    "icl_stream": 20, "icl_nonstream": 29, "xvec_stream": 10, "xvec_nonstream": 16,
-                    "instr7_nonstream": 23}
-    xs = build(BASE, task_type="Base", text=TEXT5, language="english", x_vector_only=True,
-               non_streaming_mode=False)
+    assert lens == {
+        "cv_en_stream": 10,
+        "cv_auto_stream": 9,
+        "cv_zh_eric_stream": 10,
+        "icl_stream": 20,
+        "icl_nonstream": 29,
+        "xvec_stream": 10,
+        "xvec_nonstream": 16,
+        "instr7_nonstream": 23,
+    }
+    xs = build(BASE, task_type="Base", text=TEXT5, language="english", x_vector_only=True, non_streaming_mode=False)
     assert xs.num_trailing == 5
 
 
 # ------------------------------------------------------------------ exact rows
+
 
 def _ids(text):
     return TOK(text)["input_ids"]
 
 
 def test_customvoice_streaming_rows_exact():
-    lay = build(CV, task_type="CustomVoice", text=TEXT5, language="english", speaker="ryan",
-                non_streaming_mode=False)
+    lay = build(CV, task_type="CustomVoice", text=TEXT5, language="english", speaker="ryan", non_streaming_mode=False)
     x = _ids(TEXT5)
     assert lay.text_ids.tolist() == [IM_START, ASSISTANT, NL, PAD_T, PAD_T, PAD_T, PAD_T, PAD_T, BOS_T, x[0]]
     assert lay.codec_ids.tolist() == [-1, -1, -1, THINK, THINK_BOS, 2050, THINK_EOS, 3061, C_PAD, C_BOS]
@@ -144,7 +183,7 @@ def test_icl_streaming_rows_exact():
     rc = codes()
     lay = build(BASE, task_type="Base", text=TEXT5, language="english", ref_text=REF3, ref_codes=rc)
     assert not lay.non_streaming and lay.icl  # official default for Base: streaming
-    y = _ids(REF3) + _ids(TEXT5) + [EOS_T]        # 9 < len(Z) = 11 -> pad with tts_pad
+    y = _ids(REF3) + _ids(TEXT5) + [EOS_T]  # 9 < len(Z) = 11 -> pad with tts_pad
     tail_t = y + [PAD_T] * 2
     assert lay.text_ids.tolist() == [IM_START, ASSISTANT, NL] + [PAD_T] * 5 + [BOS_T] + tail_t
     assert lay.codec_ids.tolist() == [-1] * 3 + [THINK, THINK_BOS, 2050, THINK_EOS, -1, C_PAD, C_BOS] + [-1] * R
@@ -157,7 +196,7 @@ def test_icl_streaming_rows_exact():
 def test_icl_streaming_text_longer_than_reference():
     rc = codes(r=3)
     lay = build(BASE, task_type="Base", text=TEXT5, language="auto", ref_text=REF3, ref_codes=rc)
-    y = _ids(REF3) + _ids(TEXT5) + [EOS_T]        # 9 > len(Z) = 4
+    y = _ids(REF3) + _ids(TEXT5) + [EOS_T]  # 9 > len(Z) = 4
     assert lay.len == 3 + 3 + 1 + 1 + 4
     assert lay.text_ids[-4:].tolist() == y[:4]
     assert lay.codec_ids[-4:].tolist() == [C_BOS, -1, -1, -1]
@@ -166,8 +205,9 @@ def test_icl_streaming_text_longer_than_reference():
 
 
 def test_icl_non_streaming_rows_exact():
-    lay = build(BASE, task_type="Base", text=TEXT5, language="german", ref_text=REF3, ref_codes=codes(),
-                non_streaming_mode=True)
+    lay = build(
+        BASE, task_type="Base", text=TEXT5, language="german", ref_text=REF3, ref_codes=codes(), non_streaming_mode=True
+    )
     y = _ids(REF3) + _ids(TEXT5) + [EOS_T]
     # prefix: role 3 + 4 tags + speaker + codec_pad = 9 rows
     assert lay.text_ids[9:].tolist() == y + [PAD_T] * (R + 1)
@@ -205,11 +245,18 @@ def test_instruction_dropped_on_0b6_customvoice_kept_on_1b7():
 
 # ------------------------------------------------------------------ every language / speaker
 
+
 @pytest.mark.parametrize("lang", CV.supported_languages)
 @pytest.mark.parametrize("speaker", CV.speakers)
 def test_customvoice_every_language_and_speaker(lang, speaker):
-    lay = build(CV, task_type="CustomVoice", text=TEXT5, language=lang.upper(), speaker=f" {speaker.title()} ",
-                non_streaming_mode=False)
+    lay = build(
+        CV,
+        task_type="CustomVoice",
+        text=TEXT5,
+        language=lang.upper(),
+        speaker=f" {speaker.title()} ",
+        non_streaming_mode=False,
+    )
     dialect = CV.talker.spk_is_dialect[speaker]
     if dialect and lang in ("chinese", "auto"):
         want_tags = [THINK, THINK_BOS, CV.talker.codec_language_id[dialect], THINK_EOS]
@@ -218,10 +265,10 @@ def test_customvoice_every_language_and_speaker(lang, speaker):
     else:
         want_tags = [THINK, THINK_BOS, CV.talker.codec_language_id[lang], THINK_EOS]
     k = len(want_tags)
-    assert lay.codec_ids[3:3 + k].tolist() == want_tags
+    assert lay.codec_ids[3 : 3 + k].tolist() == want_tags
     assert lay.codec_ids[3 + k] == CV.talker.spk_id[speaker]
     assert lay.codec_ids[4 + k] == C_PAD and lay.text_ids[4 + k] == BOS_T
-    assert lay.text_ids[3:4 + k].tolist() == [PAD_T] * (k + 1)
+    assert lay.text_ids[3 : 4 + k].tolist() == [PAD_T] * (k + 1)
     assert lay.len == 3 + k + 1 + 1 + 1
 
 
@@ -252,6 +299,7 @@ def test_every_language_base_and_voicedesign(preset, task):
 
 
 # ------------------------------------------------------------------ validation
+
 
 def err(c, **kw) -> PromptError:
     with pytest.raises(PromptError) as ei:
@@ -289,23 +337,32 @@ def test_validation_errors_name_field_and_list_values():
 
 
 def test_validate_normalises():
-    r = validate_request(CV, PromptRequest(task_type="customvoice", text=" Hi ", language=" English ",
-                                           speaker="RYAN", instruct=""))
-    assert (r.task_type, r.text, r.language, r.speaker, r.instruct, r.non_streaming_mode) == \
-        ("CustomVoice", " Hi ", "english", "ryan", None, True)
+    r = validate_request(
+        CV, PromptRequest(task_type="customvoice", text=" Hi ", language=" English ", speaker="RYAN", instruct="")
+    )
+    assert (r.task_type, r.text, r.language, r.speaker, r.instruct, r.non_streaming_mode) == (
+        "CustomVoice",
+        " Hi ",
+        "english",
+        "ryan",
+        None,
+        True,
+    )
     r = validate_request(CV, PromptRequest(task_type="CustomVoice", text="x", language=None, speaker=""))
     assert r.language == "auto" and r.speaker is None
     r = validate_request(BASE, PromptRequest(task_type="Base", text="x", x_vector_only=True))
     assert r.non_streaming_mode is False
     # idempotent
-    assert validate_request(CV, validate_request(CV, PromptRequest(task_type="CustomVoice", text="x"))) == \
-        validate_request(CV, PromptRequest(task_type="CustomVoice", text="x"))
+    assert validate_request(
+        CV, validate_request(CV, PromptRequest(task_type="CustomVoice", text="x"))
+    ) == validate_request(CV, PromptRequest(task_type="CustomVoice", text="x"))
 
 
 def test_bad_tokenizer_output_is_caught():
     class Broken:
         def __call__(self, text):
             return {"input_ids": [1, 2, 3]}
+
     with pytest.raises(PromptError) as ei:
         build_prompt(CV, Broken(), PromptRequest(task_type="CustomVoice", text="x"))
     assert ei.value.field == "text"
@@ -346,8 +403,9 @@ class FakeTalker(torch.nn.Module):
 def test_embed_prompt_sums_components():
     talker = FakeTalker()
     rc = codes(r=4)
-    lay = build(BASE, task_type="Base", text=TEXT5, language="english", ref_text=REF3, ref_codes=rc,
-                non_streaming_mode=True)
+    lay = build(
+        BASE, task_type="Base", text=TEXT5, language="english", ref_text=REF3, ref_codes=rc, non_streaming_mode=True
+    )
     sv = torch.randn(8)
     emb, trailing = embed_prompt(lay, talker, speaker_vector=sv)
     assert emb.shape == (lay.len, 8) and trailing.shape == (0, 8)
@@ -378,8 +436,9 @@ def test_embed_prompt_streaming_trailing_and_speaker_checks():
     emb, trailing = embed_prompt(lay, talker)
     x = _ids(TEXT5)
     torch.testing.assert_close(trailing, talker.embed_text(torch.tensor(x[1:] + [EOS_T])), rtol=0, atol=0)
-    torch.testing.assert_close(emb[-1], talker.embed_text(torch.tensor(x[0])) + talker.embed_codec(torch.tensor(C_BOS)),
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        emb[-1], talker.embed_text(torch.tensor(x[0])) + talker.embed_codec(torch.tensor(C_BOS)), rtol=0, atol=0
+    )
     with pytest.raises(ValueError, match="speaker_vector"):
         embed_prompt(lay, talker, speaker_vector=torch.zeros(8))
     xl = build(BASE, task_type="Base", text=TEXT5, x_vector_only=True)

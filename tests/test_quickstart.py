@@ -38,8 +38,14 @@ def test_quickstart_cpu_writes_hello_wav_and_stops_the_server(tmp_path):
     work = tmp_path / "work"
     out = tmp_path / "hello.wav"
     env = dict(os.environ, QUICKSTART_DIR=str(work), QWEN3_TTS_VENV=sys.prefix, HF_HUB_OFFLINE="1")
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "quickstart.sh"), "--cpu", "--out", str(out)],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1500)
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "quickstart.sh"), "--cpu", "--out", str(out)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     assert "RANDOM checkpoint" in r.stderr  # said loudly
     info = sf.info(str(out))

@@ -17,8 +17,13 @@ from triton_qwen3_tts.model import presets
 from triton_qwen3_tts.model.config import Qwen3TTSConfig
 from triton_qwen3_tts.serving.errors import error_code_name
 from triton_qwen3_tts.serving.model_config import CodecModelConfig, ModelConfigError, TtsModelConfig
-from triton_qwen3_tts.serving.codec.stateful import (StateCapacityError, StatePool, new_stream_id,
-                                                     parse_resident_request, run_resident_batch)
+from triton_qwen3_tts.serving.codec.stateful import (
+    StateCapacityError,
+    StatePool,
+    new_stream_id,
+    parse_resident_request,
+    run_resident_batch,
+)
 from triton_qwen3_tts.serving.tts.codec_session import ResidentSession
 from triton_qwen3_tts.serving.tts.service import Metrics, TtsService
 from test_tts_service import Sender  # the recording fake Sender of the tts service tests
@@ -43,8 +48,9 @@ def codes_of(n, seed, size=2048):
 
 
 def req(sid, codes=None, start=False, end=False):
-    return parse_resident_request(None if codes is None else codes[None], np.array([sid], np.uint64),
-                                  np.array([start]), np.array([end]))
+    return parse_resident_request(
+        None if codes is None else codes[None], np.array([sid], np.uint64), np.array([start]), np.array([end])
+    )
 
 
 class Clock:
@@ -75,7 +81,9 @@ def test_pool_layout_gather_scatter_roundtrip(tiny):
         if n == "pos":
             assert got[n].tolist() == [7, 0, 5]
         else:
-            assert bool((got[n][0] == i + 1).all()) and bool((got[n][1] == 0).all()) and bool((got[n][2] == i + 1).all())
+            assert (
+                bool((got[n][0] == i + 1).all()) and bool((got[n][1] == 0).all()) and bool((got[n][2] == i + 1).all())
+            )
     # a released and reopened slot starts from zero state
     assert pool.release(12) and not pool.release(12)
     assert pool.open(13) == 2
@@ -108,21 +116,26 @@ def test_pool_errors_capacity_and_expiry(tiny):
 # Requests
 
 
-@pytest.mark.parametrize("kw,msg", [
-    (dict(codes=None, sid=None), "stream_id is required"),
-    (dict(codes=np.zeros((1, 2, 16)), sid=np.array([1, 2], np.uint64)), "exactly one value"),
-    (dict(codes=np.zeros((1, 2, 16)), sid=np.array([1.0])), "unsigned integer"),
-    (dict(codes=np.zeros((1, 2, 16)), sid=np.array([-1])), ">= 0"),
-    (dict(codes=None, sid=np.array([1], np.uint64)), "audio_codes is required"),
-    (dict(codes=None, sid=np.array([1], np.uint64), start=True, end=True), "audio_codes is required"),
-    (dict(codes=np.zeros((2, 2, 16), np.int64), sid=np.array([1], np.uint64)), r"shape \[1, frames>=1, 16\]"),
-    (dict(codes=np.zeros((1, 0, 16), np.int64), sid=np.array([1], np.uint64)), r"shape \[1, frames>=1, 16\]"),
-    (dict(codes=np.zeros((1, 2, 16), np.float32), sid=np.array([1], np.uint64)), "integers"),
-    (dict(codes=np.full((1, 2, 16), 5000), sid=np.array([1], np.uint64)), r"\[0, 2048\)"),
-    (dict(codes=np.zeros((1, 9, 16), np.int64), sid=np.array([1], np.uint64)), "limit is 8"),
-    (dict(codes=np.zeros((1, 2, 16), np.int64), sid=np.array([1], np.uint64), start=np.array([True, False])),
-     "start must hold exactly one value"),
-])
+@pytest.mark.parametrize(
+    "kw,msg",
+    [
+        (dict(codes=None, sid=None), "stream_id is required"),
+        (dict(codes=np.zeros((1, 2, 16)), sid=np.array([1, 2], np.uint64)), "exactly one value"),
+        (dict(codes=np.zeros((1, 2, 16)), sid=np.array([1.0])), "unsigned integer"),
+        (dict(codes=np.zeros((1, 2, 16)), sid=np.array([-1])), ">= 0"),
+        (dict(codes=None, sid=np.array([1], np.uint64)), "audio_codes is required"),
+        (dict(codes=None, sid=np.array([1], np.uint64), start=True, end=True), "audio_codes is required"),
+        (dict(codes=np.zeros((2, 2, 16), np.int64), sid=np.array([1], np.uint64)), r"shape \[1, frames>=1, 16\]"),
+        (dict(codes=np.zeros((1, 0, 16), np.int64), sid=np.array([1], np.uint64)), r"shape \[1, frames>=1, 16\]"),
+        (dict(codes=np.zeros((1, 2, 16), np.float32), sid=np.array([1], np.uint64)), "integers"),
+        (dict(codes=np.full((1, 2, 16), 5000), sid=np.array([1], np.uint64)), r"\[0, 2048\)"),
+        (dict(codes=np.zeros((1, 9, 16), np.int64), sid=np.array([1], np.uint64)), "limit is 8"),
+        (
+            dict(codes=np.zeros((1, 2, 16), np.int64), sid=np.array([1], np.uint64), start=np.array([True, False])),
+            "start must hold exactly one value",
+        ),
+    ],
+)
 def test_parse_resident_request_errors(kw, msg):
     with pytest.raises(ValueError, match=msg):
         parse_resident_request(kw["codes"], kw["sid"], kw.get("start"), kw.get("end"), max_frames=8)
@@ -151,7 +164,7 @@ def _interleaved(sd, dec, size, step_fn):
         batch = []
         for i in range(3):
             n = plans[i][k]
-            batch.append(req(100 + i, streams[i][pos[i]:pos[i] + n], start=k == 0, end=k == 3))
+            batch.append(req(100 + i, streams[i][pos[i] : pos[i] + n], start=k == 0, end=k == 3))
             pos[i] += n
         res = step_fn(batch, pool)
         for i, r in enumerate(res):
@@ -194,8 +207,17 @@ def test_run_resident_batch_errors_do_not_touch_other_streams(tiny):
     _, sd, size = tiny
     pool = StatePool(sd, 2)
     a, b = codes_of(6, 1, size), codes_of(6, 2, size)
-    res = run_resident_batch([req(1, a[:2], start=True), req(2, b[:2], start=True), req(1, a[2:4]),
-                              req(3, a[:2]), req(4, a[:2], start=True)], pool, sd)
+    res = run_resident_batch(
+        [
+            req(1, a[:2], start=True),
+            req(2, b[:2], start=True),
+            req(1, a[2:4]),
+            req(3, a[:2]),
+            req(4, a[:2], start=True),
+        ],
+        pool,
+        sd,
+    )
     assert res[0].shape == (2 * SPF,) and res[1].shape == (2 * SPF,)
     assert isinstance(res[2], ValueError) and "two requests in one batch" in str(res[2])
     assert isinstance(res[3], ValueError) and "unknown stream_id 3" in str(res[3])
@@ -253,15 +275,21 @@ class FakeTalker:
     async def stream(self, rid, inputs):
         for i in range(len(self.frames)):
             await asyncio.sleep(self.delay)
-            yield self.frames[i:i + 1]
+            yield self.frames[i : i + 1]
 
     async def abort(self, rid):
         self.aborted.append(rid)
 
 
 def service(talker, codec):
-    cfg = TtsModelConfig(checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8,
-                         codec_mode="stateful", codec_state="resident")
+    cfg = TtsModelConfig(
+        checkpoint="/x",
+        first_chunk_frames=2,
+        chunk_ramp=(4,),
+        chunk_frames=8,
+        codec_mode="stateful",
+        codec_state="resident",
+    )
     return TtsService(cfg, Qwen3TTSConfig.from_dict(presets.main_config("tiny")), talker, codec, Metrics())
 
 
@@ -351,6 +379,7 @@ def test_resident_session_retries_a_failed_release_once():
             calls.append(sid)
             if len(calls) <= n:
                 raise RuntimeError("codec unreachable")
+
         return release
 
     s = ResidentSession(step, release_failing(1), stream_id=5)
@@ -366,17 +395,23 @@ def test_resident_session_retries_a_failed_release_once():
 
 
 def test_codec_and_tts_config_state_parameters():
-    c = CodecModelConfig.from_parameters({"checkpoint": "/x", "state": "resident", "state_slots": "16",
-                                          "state_idle_timeout_s": "0"})
+    c = CodecModelConfig.from_parameters(
+        {"checkpoint": "/x", "state": "resident", "state_slots": "16", "state_idle_timeout_s": "0"}
+    )
     assert (c.state, c.state_slots, c.state_idle_timeout_s) == ("resident", 16, 0.0)
-    for params, msg in (({"state": "shared"}, "'state' must be one of request, resident"),
-                        ({"state_slots": "0"}, "state_slots"), ({"state_idle_timeout_s": "-1"}, "state_idle_timeout_s")):
+    for params, msg in (
+        ({"state": "shared"}, "'state' must be one of request, resident"),
+        ({"state_slots": "0"}, "state_slots"),
+        ({"state_idle_timeout_s": "-1"}, "state_idle_timeout_s"),
+    ):
         with pytest.raises(ModelConfigError, match=msg):
             CodecModelConfig.from_parameters({"checkpoint": "/x", **params})
     with pytest.raises(ModelConfigError, match="codec_state"):
         TtsModelConfig.from_parameters({"checkpoint": "/x", "codec_state": "x"})
     with pytest.raises(ModelConfigError, match="codec_zero_state_start"):
-        TtsModelConfig.from_parameters({"checkpoint": "/x", "codec_state": "resident", "codec_zero_state_start": "true"})
+        TtsModelConfig.from_parameters(
+            {"checkpoint": "/x", "codec_state": "resident", "codec_zero_state_start": "true"}
+        )
 
 
 def test_repository_resident_codec(tiny_checkpoint, tmp_path):
@@ -386,8 +421,14 @@ def test_repository_resident_codec(tiny_checkpoint, tmp_path):
     def parse_pbtxt_parameters(text):  # as the codec model reads them (it drops the backend's own keys)
         return {k: v for k, v in params(text).items() if k != "FORCE_CPU_ONLY_INPUT_TENSORS"}
 
-    s = RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu",
-                           codec_mode="stateful", max_in_flight=8, tts_instances=2)
+    s = RepositorySettings(
+        checkpoint=str(tiny_checkpoint),
+        codec_backend="python",
+        device="cpu",
+        codec_mode="stateful",
+        max_in_flight=8,
+        tts_instances=2,
+    )
     out = build_repository(s, str(tmp_path / "repo"))
     text = open(f"{out}/codec_decoder_stateful/config.pbtxt").read()
     assert 'name: "stream_id" data_type: TYPE_UINT64' in text and 'name: "end"' in text
@@ -395,9 +436,16 @@ def test_repository_resident_codec(tiny_checkpoint, tmp_path):
     codec = CodecModelConfig.from_parameters(parse_pbtxt_parameters(text))
     assert codec.state == "resident" and codec.state_slots == 2 * 8 * 2 and codec.state_idle_timeout_s == 300
     assert "kind: KIND_CPU count: 1" in text
-    gpu = build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python", device="gpu",
-                                              codec_mode="stateful", codec_state_idle_timeout_s=30),
-                           str(tmp_path / "gpu"))
+    gpu = build_repository(
+        RepositorySettings(
+            checkpoint=str(tiny_checkpoint),
+            codec_backend="python",
+            device="gpu",
+            codec_mode="stateful",
+            codec_state_idle_timeout_s=30,
+        ),
+        str(tmp_path / "gpu"),
+    )
     gtext = open(f"{gpu}/codec_decoder_stateful/config.pbtxt").read()
     assert "kind: KIND_MODEL count: 1" in gtext  # one instance whatever the host's GPU count
     assert CodecModelConfig.from_parameters(parse_pbtxt_parameters(gtext)).state_idle_timeout_s == 30
@@ -411,11 +459,19 @@ def test_repository_resident_codec(tiny_checkpoint, tmp_path):
     assert CodecModelConfig.from_parameters(parse_pbtxt_parameters(text)).state == "request"
 
     assert "kind: KIND_CPU count: 1" in text  # state request: as before
-    for kw, msg in ((dict(codec_state="both"), "codec_state must be one of"),
-                    (dict(codec_state_idle_timeout_s=-1), "codec_state_idle_timeout_s"),
-                    (dict(codec_state_slots=-1), "codec_state_slots"),
-                    (dict(codec_state="resident", codec_stateful_backend="tensorrt", device="gpu"),
-                     "codec_state resident needs codec_stateful_backend python")):
+    for kw, msg in (
+        (dict(codec_state="both"), "codec_state must be one of"),
+        (dict(codec_state_idle_timeout_s=-1), "codec_state_idle_timeout_s"),
+        (dict(codec_state_slots=-1), "codec_state_slots"),
+        (
+            dict(codec_state="resident", codec_stateful_backend="tensorrt", device="gpu"),
+            "codec_state resident needs codec_stateful_backend python",
+        ),
+    ):
         with pytest.raises(RepositoryError, match=msg):
-            build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python",
-                                                codec_mode="stateful", **kw), str(tmp_path / "bad"))
+            build_repository(
+                RepositorySettings(
+                    checkpoint=str(tiny_checkpoint), codec_backend="python", codec_mode="stateful", **kw
+                ),
+                str(tmp_path / "bad"),
+            )

@@ -6,10 +6,19 @@ import pytest
 import torch
 
 from triton_qwen3_tts.model.config import GenerationDefaults
-from triton_qwen3_tts.model.sampling import (SamplingParams, apply_repetition_penalty, apply_temperature,
-                                       mask_eos_before_min_tokens, process_c0_logits, sample_c0,
-                                       sample_residual, suppress_special_ids, top_k_filter, top_p_filter,
-                                       warp_and_sample)
+from triton_qwen3_tts.model.sampling import (
+    SamplingParams,
+    apply_repetition_penalty,
+    apply_temperature,
+    mask_eos_before_min_tokens,
+    process_c0_logits,
+    sample_c0,
+    sample_residual,
+    suppress_special_ids,
+    top_k_filter,
+    top_p_filter,
+    warp_and_sample,
+)
 
 EOS, CB, V = 2150, 2048, 3072
 INF = float("inf")
@@ -29,7 +38,7 @@ def test_min_new_tokens_masks_only_eos_and_only_early():
     for n, masked in [(0, True), (1, True), (2, False), (7, False)]:
         out = mask_eos_before_min_tokens(logits, n, 2, EOS)
         assert (out[0, EOS] == -INF) == masked
-        assert (out[0, :EOS] == 0).all() and (out[0, EOS + 1:] == 0).all()
+        assert (out[0, :EOS] == 0).all() and (out[0, EOS + 1 :] == 0).all()
 
 
 def test_suppression_keeps_codes_and_eos():
@@ -79,8 +88,12 @@ def test_greedy_min_new_tokens():
     logits = torch.zeros(1, V)
     logits[0, EOS], logits[0, 3] = 10.0, 1.0
     p = SamplingParams(do_sample=False)
-    assert [int(sample_c0(logits, torch.zeros(1, n, dtype=torch.long), p, EOS, CB)) for n in range(4)] == \
-        [3, 3, EOS, EOS]
+    assert [int(sample_c0(logits, torch.zeros(1, n, dtype=torch.long), p, EOS, CB)) for n in range(4)] == [
+        3,
+        3,
+        EOS,
+        EOS,
+    ]
 
 
 def test_suppressed_ids_never_sampled():
@@ -127,12 +140,26 @@ def test_residual_sampling():
     assert torch.equal(sample_residual(logits, p, torch.Generator().manual_seed(3)), logits.argmax(-1))
 
 
-@pytest.mark.parametrize("kw", [dict(temperature=0.0), dict(temperature=float("nan")), dict(temperature=math.inf),
-                                dict(subtalker_temperature=-1.0), dict(top_k=0), dict(top_k=2.5),
-                                dict(subtalker_top_k=True), dict(top_p=0.0), dict(top_p=1.5),
-                                dict(subtalker_top_p=float("nan")), dict(repetition_penalty=0.0),
-                                dict(max_new_tokens=0), dict(min_new_tokens=-1), dict(seed="1"),
-                                dict(do_sample=1)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(temperature=0.0),
+        dict(temperature=float("nan")),
+        dict(temperature=math.inf),
+        dict(subtalker_temperature=-1.0),
+        dict(top_k=0),
+        dict(top_k=2.5),
+        dict(subtalker_top_k=True),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(subtalker_top_p=float("nan")),
+        dict(repetition_penalty=0.0),
+        dict(max_new_tokens=0),
+        dict(min_new_tokens=-1),
+        dict(seed="1"),
+        dict(do_sample=1),
+    ],
+)
 def test_validation(kw):
     with pytest.raises(ValueError):
         SamplingParams(**kw)
@@ -143,8 +170,9 @@ def test_greedy_ignores_temperature():
 
 
 def test_from_defaults():
-    p = SamplingParams.from_defaults(GenerationDefaults.from_dict({"max_new_tokens": 8192, "top_k": 30}),
-                                     seed=5, temperature=None)
+    p = SamplingParams.from_defaults(
+        GenerationDefaults.from_dict({"max_new_tokens": 8192, "top_k": 30}), seed=5, temperature=None
+    )
     assert (p.max_new_tokens, p.top_k, p.seed, p.repetition_penalty, p.temperature) == (8192, 30, 5, 1.05, 0.9)
     with pytest.raises(ValueError, match="unknown sampling parameter"):
         SamplingParams.from_defaults(GenerationDefaults(), topk=3)

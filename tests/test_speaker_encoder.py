@@ -10,16 +10,23 @@ from torch import nn
 from triton_qwen3_tts.model.audio import mel_spectrogram
 from triton_qwen3_tts.model.config import Qwen3TTSConfig, SpeakerEncoderConfig
 from triton_qwen3_tts.model.presets import main_config
-from triton_qwen3_tts.model.speaker_encoder import (SpeakerEncoder, extract_speaker_embedding,
-                                              init_random_speaker_encoder_weights)
+from triton_qwen3_tts.model.speaker_encoder import (
+    SpeakerEncoder,
+    extract_speaker_embedding,
+    init_random_speaker_encoder_weights,
+)
 
 
 def _official_keys(scale: int = 8) -> set[str]:
     """The checkpoint's ``speaker_encoder.*`` names (spec 6.3) without the prefix."""
     convs = ["blocks.0.conv", "mfa.conv", "asp.tdnn.conv", "asp.conv", "fc"]
     for b in (1, 2, 3):
-        convs += [f"blocks.{b}.tdnn1.conv", f"blocks.{b}.tdnn2.conv",
-                  f"blocks.{b}.se_block.conv1", f"blocks.{b}.se_block.conv2"]
+        convs += [
+            f"blocks.{b}.tdnn1.conv",
+            f"blocks.{b}.tdnn2.conv",
+            f"blocks.{b}.se_block.conv1",
+            f"blocks.{b}.se_block.conv2",
+        ]
         convs += [f"blocks.{b}.res2net_block.blocks.{i}.conv" for i in range(scale - 1)]
     return {f"{c}.{p}" for c in convs for p in ("weight", "bias")}
 
@@ -91,7 +98,7 @@ def test_res2net_first_group_passes_through():
         y = r2n(x)
     width = 32 // r2n.scale
     torch.testing.assert_close(y[:, :width], x[:, :width])
-    assert not torch.allclose(y[:, width:2 * width], x[:, width:2 * width])
+    assert not torch.allclose(y[:, width : 2 * width], x[:, width : 2 * width])
 
 
 def test_extract_speaker_embedding_numpy_and_tensor():

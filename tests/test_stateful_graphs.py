@@ -14,11 +14,17 @@ import numpy as np
 import pytest
 import torch
 
-from triton_qwen3_tts.serving.model_config import (DEFAULT_STATEFUL_FRAME_BUCKETS, CodecModelConfig,
-                                                   ModelConfigError)
+from triton_qwen3_tts.serving.model_config import DEFAULT_STATEFUL_FRAME_BUCKETS, CodecModelConfig, ModelConfigError
 from triton_qwen3_tts.serving.codec.stateful import parse_request, run_batch, state_specs
-from triton_qwen3_tts.serving.codec.graphs import (StatefulGraphRunner, batch_buckets_for, graph_key,
-                                                      pad_state, slice_state, split_frames, stage_rows)
+from triton_qwen3_tts.serving.codec.graphs import (
+    StatefulGraphRunner,
+    batch_buckets_for,
+    graph_key,
+    pad_state,
+    slice_state,
+    split_frames,
+    stage_rows,
+)
 from triton_qwen3_tts.serving.tts.chunks import ScheduleConfig
 
 TOL = 1e-6
@@ -30,19 +36,24 @@ TOL = 1e-6
 def test_default_frame_buckets_are_the_chunk_schedule_plus_one():
     s = ScheduleConfig()
     assert DEFAULT_STATEFUL_FRAME_BUCKETS == tuple(sorted({1, s.first_chunk_frames, *s.ramp, s.chunk_frames}))
-    assert CodecModelConfig.from_parameters({"checkpoint": "/c"}).stateful_frame_buckets == DEFAULT_STATEFUL_FRAME_BUCKETS
+    assert (
+        CodecModelConfig.from_parameters({"checkpoint": "/c"}).stateful_frame_buckets == DEFAULT_STATEFUL_FRAME_BUCKETS
+    )
     c = CodecModelConfig.from_parameters({"checkpoint": "/c", "stateful_frame_buckets": " 3, 5,25"})
     assert c.stateful_frame_buckets == (3, 5, 25)
 
 
-@pytest.mark.parametrize("value, msg", [
-    ("4,2", "strictly ascending"),
-    ("2,2", "strictly ascending"),
-    ("0,2", r"in \[1, 512\]"),
-    ("1,513", r"in \[1, 512\]"),
-    (",", "non-empty"),
-    ("1,x", "cannot parse"),
-])
+@pytest.mark.parametrize(
+    "value, msg",
+    [
+        ("4,2", "strictly ascending"),
+        ("2,2", "strictly ascending"),
+        ("0,2", r"in \[1, 512\]"),
+        ("1,513", r"in \[1, 512\]"),
+        (",", "non-empty"),
+        ("1,x", "cannot parse"),
+    ],
+)
 def test_stateful_frame_buckets_validation(value, msg):
     with pytest.raises(ModelConfigError, match=msg) as e:
         CodecModelConfig.from_parameters({"checkpoint": "/c", "stateful_frame_buckets": value})
@@ -122,8 +133,9 @@ def _max_diff(a, b):
 
 @pytest.mark.parametrize("b, t", [(1, 2), (3, 4), (5, 25), (8, 1)])
 def test_padded_runner_equals_per_row_step(sd, b, t):
-    runner = StatefulGraphRunner(sd, "cpu", torch.float32, batch_buckets=(1, 2, 4, 8), frame_buckets=(1, 2, 4, 25),
-                                 capture=False)
+    runner = StatefulGraphRunner(
+        sd, "cpu", torch.float32, batch_buckets=(1, 2, 4, 8), frame_buckets=(1, 2, 4, 25), capture=False
+    )
     positions = [(7 * i + 3 * (i % 2)) % 80 for i in range(b)]  # different positions, some 0
     state = _states_at(sd, positions, seed=10 * b + t)
     codes = _codes(sd, b, t, seed=b + 100 * t)
@@ -135,7 +147,7 @@ def test_padded_runner_equals_per_row_step(sd, b, t):
     worst = 0.0
     with torch.inference_mode():
         for i in range(b):
-            a_i, n_i = sd.step(codes[i:i + 1], {n: v[i:i + 1] for n, v in state.items()})
+            a_i, n_i = sd.step(codes[i : i + 1], {n: v[i : i + 1] for n, v in state.items()})
             worst = max(worst, _max_diff(audio[i], a_i[0]))
             for n in sd.state_names():
                 assert new[n].shape == state[n].shape
@@ -153,8 +165,7 @@ def test_padded_runner_equals_per_row_step(sd, b, t):
 
 
 def test_frames_outside_the_list_run_eagerly(sd):
-    runner = StatefulGraphRunner(sd, "cpu", torch.float32, batch_buckets=(1, 2, 4), frame_buckets=(2, 4),
-                                 capture=False)
+    runner = StatefulGraphRunner(sd, "cpu", torch.float32, batch_buckets=(1, 2, 4), frame_buckets=(2, 4), capture=False)
     state = _states_at(sd, [0, 5, 9], seed=3)
     for t in (3, 5):  # not in the list
         codes = _codes(sd, 3, t, seed=t)
@@ -177,8 +188,9 @@ def test_split_frames():
 
 def test_frames_outside_the_list_run_as_several_graph_steps(sd):
     """T=7 with buckets (1, 2, 4): three padded steps (4 + 2 + 1) that equal one eager step of 7."""
-    runner = StatefulGraphRunner(sd, "cpu", torch.float32, batch_buckets=(1, 2, 4), frame_buckets=(1, 2, 4),
-                                 capture=False)
+    runner = StatefulGraphRunner(
+        sd, "cpu", torch.float32, batch_buckets=(1, 2, 4), frame_buckets=(1, 2, 4), capture=False
+    )
     state = _states_at(sd, [0, 5, 9], seed=3)
     codes = _codes(sd, 3, 7, seed=7)
     audio, new = runner.step(codes, state)
@@ -194,8 +206,7 @@ def test_run_batch_through_the_runner_matches_the_decoder(sd):
     """run_batch with the runner in place of sd: same audio and state per request (mixed T,
     a first chunk, a T outside the list), and a stream continued through the wire."""
     specs = state_specs(sd)
-    runner = StatefulGraphRunner(sd, "cpu", torch.float32, batch_buckets=(1, 2, 4), frame_buckets=(2, 4),
-                                 capture=False)
+    runner = StatefulGraphRunner(sd, "cpu", torch.float32, batch_buckets=(1, 2, 4), frame_buckets=(2, 4), capture=False)
     runner.warmup()
     assert set(runner._slots) == {(b, t) for b in (1, 2, 4) for t in (2, 4)} and runner.captured == ()
     streams = [_codes(sd, 1, 12, seed=s).numpy() for s in range(3)]
@@ -207,7 +218,7 @@ def test_run_batch_through_the_runner_matches_the_decoder(sd):
         reqs_a, reqs_b = [], []
         for i in range(3):
             n = plans[i][k]
-            c = streams[i][:, pos[i]:pos[i] + n]
+            c = streams[i][:, pos[i] : pos[i] + n]
             pos[i] += n
             wa = {} if st_a[i] is None else {s.input_name: st_a[i][s.name].numpy() for s in specs}
             wb = {} if st_b[i] is None else {s.input_name: st_b[i][s.name].numpy() for s in specs}
@@ -241,8 +252,12 @@ def test_repository_writes_the_stateful_frame_buckets(tiny_checkpoint, tmp_path)
     from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
 
     def cfg(**kw):
-        out = build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python",
-                                                  device="cpu", codec_mode="stateful", **kw), str(tmp_path / "r"))
+        out = build_repository(
+            RepositorySettings(
+                checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu", codec_mode="stateful", **kw
+            ),
+            str(tmp_path / "r"),
+        )
         return open(os.path.join(out, "codec_decoder_stateful", "config.pbtxt")).read()
 
     def param(text, key):

@@ -25,7 +25,13 @@ from triton_qwen3_tts.model import presets
 from triton_qwen3_tts.model.config import Qwen3TTSConfig
 from triton_qwen3_tts.serving.errors import error_code_name
 from triton_qwen3_tts.serving.model_config import ModelConfigError, TtsModelConfig
-from triton_qwen3_tts.serving.codec.stateful import config_io_blocks, group_by_frames, parse_request, run_batch, state_specs
+from triton_qwen3_tts.serving.codec.stateful import (
+    config_io_blocks,
+    group_by_frames,
+    parse_request,
+    run_batch,
+    state_specs,
+)
 from triton_qwen3_tts.serving.tts.codec_session import LiveCounter, StatefulSession, WindowedSession, open_session
 from triton_qwen3_tts.serving.tts.service import Metrics, TtsService
 from system_support import batch_sizes, make_reference, metric, start_tts_server, synth
@@ -89,7 +95,7 @@ def test_run_batch_groups_by_t_and_carries_state_per_row():
         for i in range(3):
             n = plans[i][step]
             st = None if states[i] is None else {s.input_name: states[i][s.name].numpy() for s in specs}
-            reqs.append(parse_request(streams[i][None, pos[i]:pos[i] + n], None, st or {}, specs))
+            reqs.append(parse_request(streams[i][None, pos[i] : pos[i] + n], None, st or {}, specs))
             pos[i] += n
         res = run_batch(reqs, sd, max_batch=8)
         for i, r in enumerate(res):
@@ -133,32 +139,52 @@ def test_run_batch_with_the_tiny_stateful_decoder_is_exact():
     # a: 4 + 6 ; b: 4 + 6, b's second chunk is sent as numpy state through the "wire"
     r1 = run_batch([parse_request(a[None, :4], True, {}, specs), parse_request(b[None, :4], None, {}, specs)], sd)
     wire = [{s.input_name: r.state[s.name].numpy() for s in specs} for r in r1]
-    r2 = run_batch([parse_request(a[None, 4:], False, wire[0], specs),
-                    parse_request(b[None, 4:], False, wire[1], specs)], sd)
+    r2 = run_batch(
+        [parse_request(a[None, 4:], False, wire[0], specs), parse_request(b[None, 4:], False, wire[1], specs)], sd
+    )
     for i in range(2):
         got = torch.cat([r1[i].audio, r2[i].audio], dim=1)[0]
         assert (got - whole[i]).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("codes,start,states,msg", [
-    (np.zeros((1, 2, 15), np.int64), None, {}, "audio_codes must have shape"),
-    (np.zeros((1, 0, 16), np.int64), None, {}, "at least one"),
-    (np.zeros((1, 2, 16), np.float32), None, {}, "integers"),
-    (np.full((1, 2, 16), 2048), None, {}, "values must be in"),
-    (np.zeros((1, 600, 16), np.int64), None, {}, "limit is 512"),
-    (np.zeros((1, 2, 16), np.int64), False, {}, "missing state input"),
-    (np.zeros((1, 2, 16), np.int64), True, {"state_in_acc": np.zeros((1, 1))}, "start=true takes no"),
-    (np.zeros((1, 2, 16), np.int64), None, {"state_in_bogus": np.zeros((1, 1))}, "unknown state"),
-    (np.zeros((1, 2, 16), np.int64), None, {"state_in_acc": np.zeros((1, 1))}, "missing state input"),
-    (np.zeros((1, 2, 16), np.int64), None, {"state_in_acc": np.zeros((2, 1)), "state_in_pos": np.zeros((1, 1), np.int64)},
-     "must have shape [1, 1]"),
-    (np.zeros((1, 2, 16), np.int64), None, {"state_in_acc": np.full((1, 1), np.nan), "state_in_pos": np.zeros((1, 1), np.int64)},
-     "NaN"),
-    (np.zeros((1, 2, 16), np.int64), None, {"state_in_acc": np.zeros((1, 1)), "state_in_pos": np.full((1, 1), -1)},
-     ">= 0"),
-    (np.zeros((1, 2, 16), np.int64), None, {"state_in_acc": np.zeros((1, 1)), "state_in_pos": np.zeros((1, 1))},
-     "int64"),
-])
+@pytest.mark.parametrize(
+    "codes,start,states,msg",
+    [
+        (np.zeros((1, 2, 15), np.int64), None, {}, "audio_codes must have shape"),
+        (np.zeros((1, 0, 16), np.int64), None, {}, "at least one"),
+        (np.zeros((1, 2, 16), np.float32), None, {}, "integers"),
+        (np.full((1, 2, 16), 2048), None, {}, "values must be in"),
+        (np.zeros((1, 600, 16), np.int64), None, {}, "limit is 512"),
+        (np.zeros((1, 2, 16), np.int64), False, {}, "missing state input"),
+        (np.zeros((1, 2, 16), np.int64), True, {"state_in_acc": np.zeros((1, 1))}, "start=true takes no"),
+        (np.zeros((1, 2, 16), np.int64), None, {"state_in_bogus": np.zeros((1, 1))}, "unknown state"),
+        (np.zeros((1, 2, 16), np.int64), None, {"state_in_acc": np.zeros((1, 1))}, "missing state input"),
+        (
+            np.zeros((1, 2, 16), np.int64),
+            None,
+            {"state_in_acc": np.zeros((2, 1)), "state_in_pos": np.zeros((1, 1), np.int64)},
+            "must have shape [1, 1]",
+        ),
+        (
+            np.zeros((1, 2, 16), np.int64),
+            None,
+            {"state_in_acc": np.full((1, 1), np.nan), "state_in_pos": np.zeros((1, 1), np.int64)},
+            "NaN",
+        ),
+        (
+            np.zeros((1, 2, 16), np.int64),
+            None,
+            {"state_in_acc": np.zeros((1, 1)), "state_in_pos": np.full((1, 1), -1)},
+            ">= 0",
+        ),
+        (
+            np.zeros((1, 2, 16), np.int64),
+            None,
+            {"state_in_acc": np.zeros((1, 1)), "state_in_pos": np.zeros((1, 1))},
+            "int64",
+        ),
+    ],
+)
 def test_parse_request_rejects_with_clear_messages(codes, start, states, msg):
     with pytest.raises(ValueError, match=re.escape(msg)):
         parse_request(codes, start, states, state_specs(FakeSD()), max_frames=512)
@@ -166,8 +192,10 @@ def test_parse_request_rejects_with_clear_messages(codes, start, states, msg):
 
 def test_config_io_blocks():
     ins, outs = config_io_blocks(state_specs(FakeSD()), "float32")
-    assert ins.splitlines() == ['  { name: "state_in_acc" data_type: TYPE_FP32 dims: [ 1 ] optional: true },',
-                                '  { name: "state_in_pos" data_type: TYPE_INT64 dims: [ 1 ] optional: true }']
+    assert ins.splitlines() == [
+        '  { name: "state_in_acc" data_type: TYPE_FP32 dims: [ 1 ] optional: true },',
+        '  { name: "state_in_pos" data_type: TYPE_INT64 dims: [ 1 ] optional: true }',
+    ]
     assert outs.splitlines()[1] == '  { name: "state_out_pos" data_type: TYPE_INT64 dims: [ 1 ] }'
 
 
@@ -175,10 +203,22 @@ def test_repository_codec_mode(tiny_checkpoint, tmp_path):
     from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
 
     with pytest.raises(RepositoryError, match="codec_mode"):
-        build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python",
-                                            device="cpu", codec_mode="magic"), str(tmp_path / "bad"))
-    out = build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu",
-                                              codec_mode="stateful", codec_state="request"), str(tmp_path / "r"))
+        build_repository(
+            RepositorySettings(
+                checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu", codec_mode="magic"
+            ),
+            str(tmp_path / "bad"),
+        )
+    out = build_repository(
+        RepositorySettings(
+            checkpoint=str(tiny_checkpoint),
+            codec_backend="python",
+            device="cpu",
+            codec_mode="stateful",
+            codec_state="request",
+        ),
+        str(tmp_path / "r"),
+    )
     cfg = open(os.path.join(out, "codec_decoder_stateful", "config.pbtxt")).read()
     assert 'name: "codec_decoder_stateful"' in cfg and "${" not in cfg
     assert cfg.count("optional: true") == 27 and '"state_out_attn_1_v"' in cfg  # 26 states + start
@@ -188,10 +228,13 @@ def test_repository_codec_mode(tiny_checkpoint, tmp_path):
     assert re.search(r'"codec_model" value: \{ string_value: "codec_decoder_stateful"', tts)
     assert re.search(r'"codec_mode" value: \{ string_value: "stateful"', tts)
     assert re.search(r'"left_context_frames" value: \{ string_value: "0"', tts)
-    win = build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu"),
-                           str(tmp_path / "w"))
+    win = build_repository(
+        RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu"), str(tmp_path / "w")
+    )
     assert not os.path.exists(os.path.join(win, "codec_decoder_stateful"))
-    assert re.search(r'"codec_mode" value: \{ string_value: "windowed"', open(os.path.join(win, "tts", "config.pbtxt")).read())
+    assert re.search(
+        r'"codec_mode" value: \{ string_value: "windowed"', open(os.path.join(win, "tts", "config.pbtxt")).read()
+    )
 
 
 def test_tts_config_codec_mode_validated():
@@ -213,7 +256,7 @@ class FakeTalker:
         self.started.append(rid)
         for i in range(0, len(self.frames), self.per_item):
             await asyncio.sleep(self.delay)
-            yield self.frames[i:i + self.per_item]
+            yield self.frames[i : i + self.per_item]
 
     async def abort(self, rid):
         self.aborted.append(rid)
@@ -275,10 +318,21 @@ FRAMES = np.random.default_rng(0).integers(0, 2048, size=(30, 16))
 
 
 def stateful_service(talker, codec, gauge):
-    cfg = TtsModelConfig(checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8,
-                         left_context_frames=72, codec_mode="stateful")
-    return TtsService(cfg, Qwen3TTSConfig.from_dict(presets.main_config("tiny")), talker, codec,
-                      Metrics(codec_states_live=gauge.append))
+    cfg = TtsModelConfig(
+        checkpoint="/x",
+        first_chunk_frames=2,
+        chunk_ramp=(4,),
+        chunk_frames=8,
+        left_context_frames=72,
+        codec_mode="stateful",
+    )
+    return TtsService(
+        cfg,
+        Qwen3TTSConfig.from_dict(presets.main_config("tiny")),
+        talker,
+        codec,
+        Metrics(codec_states_live=gauge.append),
+    )
 
 
 @pytest.mark.parametrize("per_item", [1, 3, 7])
@@ -352,8 +406,14 @@ TEXT = "Hello world, this is a streaming test."
 def server(request, tiny_checkpoint, tmp_path_factory):
     """The stateful codec in both state modes: kept inside the codec by stream id (resident, the
     default) and sent with every chunk (request)."""
-    srv = start_tts_server(tiny_checkpoint, tmp_path_factory.mktemp(f"tts_stateful_{request.param}"),
-                           codec_mode="stateful", codec_state=request.param, max_in_flight=8, max_queued=8)
+    srv = start_tts_server(
+        tiny_checkpoint,
+        tmp_path_factory.mktemp(f"tts_stateful_{request.param}"),
+        codec_mode="stateful",
+        codec_state=request.param,
+        max_in_flight=8,
+        max_queued=8,
+    )
     srv.codec_state = request.param
     yield srv
     srv.stop()
@@ -405,9 +465,12 @@ def test_system_resident_codec_direct_requests(server, tiny_checkpoint):
 
     def call(sid, codes=None, start=None, end=None):
         ins = []
-        for name, arr, dt in (("audio_codes", codes, "INT64"), ("stream_id", np.array([[sid]], np.uint64), "UINT64"),
-                              ("start", None if start is None else np.array([[start]]), "BOOL"),
-                              ("end", None if end is None else np.array([[end]]), "BOOL")):
+        for name, arr, dt in (
+            ("audio_codes", codes, "INT64"),
+            ("stream_id", np.array([[sid]], np.uint64), "UINT64"),
+            ("start", None if start is None else np.array([[start]]), "BOOL"),
+            ("end", None if end is None else np.array([[end]]), "BOOL"),
+        ):
             if arr is not None:
                 t = grpcclient.InferInput(name, list(arr.shape), dt)
                 t.set_data_from_numpy(arr)
@@ -420,9 +483,11 @@ def test_system_resident_codec_direct_requests(server, tiny_checkpoint):
     with torch.no_grad():
         whole = load_codec_decoder(tiny_checkpoint).decode(torch.from_numpy(codes)).numpy()
     np.testing.assert_allclose(np.concatenate([a, b_], axis=1), whole, atol=1e-5, rtol=0)
-    for kw, msg in ((dict(sid=77, codes=codes[:, :2]), "unknown stream_id 77"),  # ended above
-                    (dict(sid=78), "audio_codes is required"),
-                    (dict(sid=79, codes=np.full((1, 2, 16), 4096, np.int64), start=True), r"audio_codes values")):
+    for kw, msg in (
+        (dict(sid=77, codes=codes[:, :2]), "unknown stream_id 77"),  # ended above
+        (dict(sid=78), "audio_codes is required"),
+        (dict(sid=79, codes=np.full((1, 2, 16), 4096, np.int64), start=True), r"audio_codes values"),
+    ):
         with pytest.raises(InferenceServerException, match=msg) as e:
             call(**kw)
         assert "INVALID_ARG" in str(e.value.status()), e.value.status()
@@ -450,7 +515,7 @@ def test_system_stateful_stream_vs_the_windowed_path(server, reference, tiny_che
     parts = []
     with torch.no_grad():
         for c in s.push(codes.shape[0]) + s.flush():
-            win = torch.from_numpy(np.ascontiguousarray(codes[c.context_start:c.end], dtype=np.int64))[None]
+            win = torch.from_numpy(np.ascontiguousarray(codes[c.context_start : c.end], dtype=np.int64))[None]
             parts.append(dec.decode_window(win, c.start - c.context_start)[0].numpy())
     windowed = np.concatenate(parts)
     window_error = float(np.abs(windowed - whole).max())
@@ -462,13 +527,14 @@ def test_system_stateful_stream_vs_the_windowed_path(server, reference, tiny_che
 @pytest.mark.system
 @pytest.mark.vllm
 def test_system_stateful_concurrent_streams_batch(server, reference):
-    jobs = [(f"Sentence number {i} for the concurrency test.", spk)
-            for i, spk in enumerate(["aiden", "vivian", "ryan", "serena"])]
+    jobs = [
+        (f"Sentence number {i} for the concurrency test.", spk)
+        for i, spk in enumerate(["aiden", "vivian", "ryan", "serena"])
+    ]
     refs = {j: reference(j[0], j[1], frames=30) for j in jobs}
     before = batch_sizes(server, "codec_decoder_stateful")
     with cf.ThreadPoolExecutor(4) as ex:
-        results = list(ex.map(lambda j: synth(server, text=j[0], speaker=j[1], temperature=0.0,
-                                               max_frames=30), jobs))
+        results = list(ex.map(lambda j: synth(server, text=j[0], speaker=j[1], temperature=0.0, max_frames=30), jobs))
     for j, r in zip(jobs, results):
         np.testing.assert_allclose(r.audio, refs[j][1], atol=1e-4, rtol=0)
     after = batch_sizes(server, "codec_decoder_stateful")
@@ -491,10 +557,12 @@ def test_system_cancelled_streams_leave_no_codec_state(server):
     resident = server.codec_state == "resident"
     deadline = time.time() + 90
     while time.time() < deadline:
-        if (metric(server, "qwen3_tts_requests_cancelled_total") - cancelled0 >= n
-                and metric(server, "qwen3_tts_codec_states_live") == 0
-                and metric(server, "qwen3_tts_requests_in_flight") == 0
-                and (not resident or resident_states(server) == 0)):
+        if (
+            metric(server, "qwen3_tts_requests_cancelled_total") - cancelled0 >= n
+            and metric(server, "qwen3_tts_codec_states_live") == 0
+            and metric(server, "qwen3_tts_requests_in_flight") == 0
+            and (not resident or resident_states(server) == 0)
+        ):
             break
         time.sleep(0.5)
     assert metric(server, "qwen3_tts_requests_cancelled_total") - cancelled0 >= n

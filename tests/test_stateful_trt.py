@@ -17,9 +17,17 @@ import numpy as np
 import pytest
 
 from triton_qwen3_tts.export.codec_onnx import EXIT_NO_TENSORRT, INPUT_NAME, OUTPUT_NAME, ShapeProfile, have_tensorrt
-from triton_qwen3_tts.export.stateful_trt import (STATEFUL_TOLERANCES, check_io, compare_state, expected_io,
-                                           onnx_io_shapes, row_positions, state_io, stateful_decoder_meta,
-                                           stateful_profile)
+from triton_qwen3_tts.export.stateful_trt import (
+    STATEFUL_TOLERANCES,
+    check_io,
+    compare_state,
+    expected_io,
+    onnx_io_shapes,
+    row_positions,
+    state_io,
+    stateful_decoder_meta,
+    stateful_profile,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPORT = ROOT / "export"
@@ -36,8 +44,9 @@ def _script(name: str):
 
 def _run(args, timeout=300):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +97,21 @@ def test_check_io():
     assert "input missing: d" in p and "input not in the state layout: c" in p
     assert "input b: shape [-1, 4], expected [-1, 3]" in p
     assert check_io({"a": (-1, -1, -1), "b": (-1, 3)}, want, "output", dynamic_ok=True) == []
-    assert check_io({"a": (-1, -1, -1), "b": (-1, 3)}, want, "input") == ["input a: shape [-1, -1, -1], expected [-1, -1, 16]"]
+    assert check_io({"a": (-1, -1, -1), "b": (-1, 3)}, want, "input") == [
+        "input a: shape [-1, -1, -1], expected [-1, -1, 16]"
+    ]
     assert check_io({"a": (-1, -1), "b": (-1, 3)}, want, "output", dynamic_ok=True)  # rank differs
 
 
 def test_compare_state_and_positions(sd_meta):
     io = state_io(sd_meta)
     rng = np.random.default_rng(0)
-    ref = {s.output_name: (rng.standard_normal((2,) + s.row_shape).astype(np.float32) * 3 if s.is_float
-                           else np.array([4, 9])) for s in io}
+    ref = {
+        s.output_name: (
+            rng.standard_normal((2,) + s.row_shape).astype(np.float32) * 3 if s.is_float else np.array([4, 9])
+        )
+        for s in io
+    }
     assert compare_state(ref, dict(ref), io) == (0.0, [])
     got = dict(ref)
     k = io[0].output_name
@@ -123,14 +138,20 @@ def fake_onnx(tmp_path):
 
 
 @pytest.mark.parametrize("script", ["build_trt_engine", "check_parity"])
-@pytest.mark.parametrize("args, err", [
-    (["--stateful"], "--stateful needs exactly one of --checkpoint DIR or --preset NAME"),
-    (["--stateful", "--preset", "tiny", "--checkpoint", "/x"], "--stateful needs exactly one"),
-    (["--stateful", "--preset", "huge"], "--stateful: unknown preset 'huge'"),
-    (["--stateful", "--checkpoint", "/nonexistent-ckpt"], "--stateful: /nonexistent-ckpt/speech_tokenizer/config.json"),
-    (["--preset", "tiny"], "only go with --stateful"),
-    (["--stateful", "--preset", "tiny", "--batch-profile", "1", "8", "300"], "batch profile: MAX must be <= 256"),
-])
+@pytest.mark.parametrize(
+    "args, err",
+    [
+        (["--stateful"], "--stateful needs exactly one of --checkpoint DIR or --preset NAME"),
+        (["--stateful", "--preset", "tiny", "--checkpoint", "/x"], "--stateful needs exactly one"),
+        (["--stateful", "--preset", "huge"], "--stateful: unknown preset 'huge'"),
+        (
+            ["--stateful", "--checkpoint", "/nonexistent-ckpt"],
+            "--stateful: /nonexistent-ckpt/speech_tokenizer/config.json",
+        ),
+        (["--preset", "tiny"], "only go with --stateful"),
+        (["--stateful", "--preset", "tiny", "--batch-profile", "1", "8", "300"], "batch profile: MAX must be <= 256"),
+    ],
+)
 def test_stateful_argument_errors(script, args, err, fake_onnx, capsys):
     mod = _script(script)
     extra = ["--engine", str(fake_onnx)] if script == "check_parity" else []
@@ -220,8 +241,14 @@ def test_fusion_barrier_in_the_stateful_export_is_a_no_op(tiny_stateful_onnx_pai
     io = state_io(sd_meta)
     rng = np.random.default_rng(1)
     feeds = {INPUT_NAME: rng.integers(0, 2048, size=(2, 7, 16), dtype=np.int64)}
-    feeds.update({s.input_name: (rng.standard_normal((2,) + s.row_shape).astype(np.float32) if s.is_float
-                                 else np.array([3, 80])) for s in io})
+    feeds.update(
+        {
+            s.input_name: (
+                rng.standard_normal((2,) + s.row_shape).astype(np.float32) if s.is_float else np.array([3, 80])
+            )
+            for s in io
+        }
+    )
     outs = [ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, feeds) for p in (barrier, plain)]
     assert max(float(np.abs(a - b).max()) for a, b in zip(*outs)) <= 1e-6
     assert np.abs(outs[1][0]).max() > 0  # not a trivially zero output
@@ -236,8 +263,28 @@ def test_exported_onnx_matches_the_layout(tiny_stateful_onnx, sd_meta):
 
 def _parity_args(onnx_path, **kw):
     mod = _script("check_parity")
-    a = mod.parse_args(["--stateful", "--preset", "tiny", "--onnx", onnx_path, "--engine", onnx_path, "--fp32",
-                        "--batch-profile", "1", "2", "3", "--frames-profile", "1", "4", "5", "--codebook-size", "64"])
+    a = mod.parse_args(
+        [
+            "--stateful",
+            "--preset",
+            "tiny",
+            "--onnx",
+            onnx_path,
+            "--engine",
+            onnx_path,
+            "--fp32",
+            "--batch-profile",
+            "1",
+            "2",
+            "3",
+            "--frames-profile",
+            "1",
+            "4",
+            "5",
+            "--codebook-size",
+            "64",
+        ]
+    )
     for k, v in kw.items():
         setattr(a, k, v)
     return mod, a
@@ -296,11 +343,41 @@ def test_trt_stateful_build_and_parity_on_tiny_export(tiny_stateful_onnx, tmp_pa
     """Build an fp32 engine of the tiny stateful export and compare with onnxruntime (GPU + TensorRT)."""
     plan = tmp_path / "stateful.plan"
     prof = ["--batch-profile", "1", "2", "4", "--frames-profile", "1", "4", "8"]
-    r = _run([EXPORT / "build_trt_engine.py", "--stateful", "--preset", "tiny", "--onnx", tiny_stateful_onnx,
-              "--out", plan, "--fp32", "--timing-cache", tmp_path / "cache", *prof], timeout=1200)
+    r = _run(
+        [
+            EXPORT / "build_trt_engine.py",
+            "--stateful",
+            "--preset",
+            "tiny",
+            "--onnx",
+            tiny_stateful_onnx,
+            "--out",
+            plan,
+            "--fp32",
+            "--timing-cache",
+            tmp_path / "cache",
+            *prof,
+        ],
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    r = _run([EXPORT / "check_parity.py", "--stateful", "--preset", "tiny", "--onnx", tiny_stateful_onnx,
-              "--engine", plan, "--fp32", "--codebook-size", "64", *prof], timeout=1200)
+    r = _run(
+        [
+            EXPORT / "check_parity.py",
+            "--stateful",
+            "--preset",
+            "tiny",
+            "--onnx",
+            tiny_stateful_onnx,
+            "--engine",
+            plan,
+            "--fp32",
+            "--codebook-size",
+            "64",
+            *prof,
+        ],
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "parity PASSED" in r.stdout
 
@@ -325,8 +402,12 @@ def test_repository_tensorrt_stateful_codec(tiny_checkpoint, tmp_path):
     plan = tmp_path / "stateful.plan"
     plan.write_bytes(b"not really a plan")
     common = dict(checkpoint=str(tiny_checkpoint), codec_backend="python", codec_mode="stateful")
-    out = build_repository(RepositorySettings(device="gpu", codec_stateful_backend="tensorrt", stateful_plan=str(plan),
-                                              codec_dtype="bfloat16", **common), str(tmp_path / "trt"))
+    out = build_repository(
+        RepositorySettings(
+            device="gpu", codec_stateful_backend="tensorrt", stateful_plan=str(plan), codec_dtype="bfloat16", **common
+        ),
+        str(tmp_path / "trt"),
+    )
     text = open(os.path.join(out, "codec_decoder_stateful", "config.pbtxt")).read()
     assert "${" not in text and 'platform: "tensorrt_plan"' in text and "backend:" not in text
     assert re.search(r"max_batch_size: 64\b", text) and "dynamic_batching {" in text and "KIND_GPU" in text
@@ -350,8 +431,11 @@ def test_repository_tensorrt_stateful_codec(tiny_checkpoint, tmp_path):
     params = dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', tts))
     cfg = TtsModelConfig.from_parameters(params)
     assert cfg.codec_zero_state_start is True and cfg.codec_model == "codec_decoder_stateful"
-    py_tts = dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}',
-                             open(os.path.join(py, "tts", "config.pbtxt")).read()))
+    py_tts = dict(
+        re.findall(
+            r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', open(os.path.join(py, "tts", "config.pbtxt")).read()
+        )
+    )
     assert TtsModelConfig.from_parameters(py_tts).codec_zero_state_start is False
 
     for kw, msg in [
@@ -363,9 +447,16 @@ def test_repository_tensorrt_stateful_codec(tiny_checkpoint, tmp_path):
         with pytest.raises(RepositoryError, match=msg):
             build_repository(RepositorySettings(**common, **kw), str(tmp_path / "bad"))
     with pytest.raises(RepositoryError, match="needs codec_mode stateful"):
-        build_repository(RepositorySettings(checkpoint=str(tiny_checkpoint), codec_backend="python", device="gpu",
-                                            codec_stateful_backend="tensorrt", stateful_plan=str(plan)),
-                         str(tmp_path / "bad"))
+        build_repository(
+            RepositorySettings(
+                checkpoint=str(tiny_checkpoint),
+                codec_backend="python",
+                device="gpu",
+                codec_stateful_backend="tensorrt",
+                stateful_plan=str(plan),
+            ),
+            str(tmp_path / "bad"),
+        )
 
 
 def test_zero_state_inputs(sd_meta):

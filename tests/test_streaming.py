@@ -197,7 +197,7 @@ def _fake_causal_decode(receptive: int):
         out = np.zeros((len(window), SPF))
         for t in range(len(window)):
             lo = max(0, t - receptive)
-            w = window[lo:t + 1]
+            w = window[lo : t + 1]
             out[t] = np.sin(np.arange(SPF) + (w * np.arange(1, len(w) + 1)[::-1, None]).sum())
         return out.reshape(-1)
 

@@ -7,9 +7,18 @@ from triton_qwen3_tts.serving.stub_procs import Stub, StubWatch, find_stubs, is_
 
 
 def _cmdline(model="talker", instance="talker_0_0", parent=123):
-    argv = ["/opt/tritonserver/backends/python/triton_python_backend_stub", f"/repo/{model}/1/model.py",
-            "triton_python_backend_shm_region_x", "1048576", "1048576", str(parent), "/opt/py",
-            "12345", instance, "/repo/backends/python"]
+    argv = [
+        "/opt/tritonserver/backends/python/triton_python_backend_stub",
+        f"/repo/{model}/1/model.py",
+        "triton_python_backend_shm_region_x",
+        "1048576",
+        "1048576",
+        str(parent),
+        "/opt/py",
+        "12345",
+        instance,
+        "/repo/backends/python",
+    ]
     return "\0".join(argv).encode() + b"\0"
 
 
@@ -24,12 +33,16 @@ def test_parse_stub_cmdline():
 
 def test_is_alive_reads_proc():
     assert is_alive(os.getpid())
-    assert not is_alive(2 ** 22 + 12345)  # beyond pid_max: never a process
+    assert not is_alive(2**22 + 12345)  # beyond pid_max: never a process
 
 
 def test_find_stubs_in_a_fake_proc(tmp_path):
-    procs = {10: ("talker", "talker_0_0", 5, "S"), 11: ("tts", "tts_0_0", 5, "S"),
-             12: ("talker", "talker_0_0", 6, "S"), 13: ("talker", "talker_1_0", 5, "Z")}
+    procs = {
+        10: ("talker", "talker_0_0", 5, "S"),
+        11: ("tts", "tts_0_0", 5, "S"),
+        12: ("talker", "talker_0_0", 6, "S"),
+        13: ("talker", "talker_1_0", 5, "Z"),
+    }
     for pid, (model, inst, parent, state) in procs.items():
         d = tmp_path / str(pid)
         d.mkdir()

@@ -33,8 +33,9 @@ def ref_wave(seed, seconds=2.0, rate=RATE):
 
 @pytest.fixture(scope="module")
 def server(tiny_base_checkpoint, tmp_path_factory):
-    srv = start_tts_server(tiny_base_checkpoint, tmp_path_factory.mktemp("base_server"),
-                           left_context_frames=150, voice_cache_size=2)
+    srv = start_tts_server(
+        tiny_base_checkpoint, tmp_path_factory.mktemp("base_server"), left_context_frames=150, voice_cache_size=2
+    )
     yield srv
     srv.stop()
 
@@ -56,12 +57,18 @@ def reference(tiny_base_checkpoint):
         wav = resample(audio, rate)
         spk = extract_speaker_embedding(ck.model.speaker_encoder, wav)
         codes_ref = None if ref_text is None else encode_reference(ck.encoder, wav)
-        layout = build_prompt(ck.config, ck.tokenizer, PromptRequest(
-            task_type="Base", text=text, ref_text=ref_text, ref_codes=codes_ref, x_vector_only=ref_text is None))
+        layout = build_prompt(
+            ck.config,
+            ck.tokenizer,
+            PromptRequest(
+                task_type="Base", text=text, ref_text=ref_text, ref_codes=codes_ref, x_vector_only=ref_text is None
+            ),
+        )
         pe, tr = embed_prompt(layout, talker, spk)
         pad = talker.embed_text([ck.config.tts_pad_token_id])[0]
-        codes = generate_codes(talker, pe, tr, pad, SamplingParams(
-            do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1))
+        codes = generate_codes(
+            talker, pe, tr, pad, SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1)
+        )
         full = codes if codes_ref is None else torch.cat([torch.as_tensor(codes_ref), codes])
         with torch.no_grad():
             audio_out = ck.decoder.decode(full[None])[0].numpy()
@@ -82,10 +89,13 @@ def encoder_runs(server, which):
 
 
 def snapshot(server):
-    return {"hits": metric(server, "qwen3_tts_voice_cache_hits_total"),
-            "misses": metric(server, "qwen3_tts_voice_cache_misses_total"),
-            "evictions": metric(server, "qwen3_tts_voice_cache_evictions_total"),
-            "speaker": encoder_runs(server, "speaker"), "codec": encoder_runs(server, "codec")}
+    return {
+        "hits": metric(server, "qwen3_tts_voice_cache_hits_total"),
+        "misses": metric(server, "qwen3_tts_voice_cache_misses_total"),
+        "evictions": metric(server, "qwen3_tts_voice_cache_evictions_total"),
+        "speaker": encoder_runs(server, "speaker"),
+        "codec": encoder_runs(server, "codec"),
+    }
 
 
 def delta(server, before):
@@ -97,8 +107,16 @@ def test_xvector_mode_streams_the_reference_synthesis(server, reference):
     audio = ref_wave(0)
     codes, expected = reference(TEXT, audio, RATE)
     before = snapshot(server)
-    r = synth(server, text=TEXT, ref_audio=audio, ref_sample_rate=RATE, x_vector_only=True,
-              voice_id="xv", temperature=0.0, max_frames=30)
+    r = synth(
+        server,
+        text=TEXT,
+        ref_audio=audio,
+        ref_sample_rate=RATE,
+        x_vector_only=True,
+        voice_id="xv",
+        temperature=0.0,
+        max_frames=30,
+    )
     assert r.audio.shape == (codes.shape[0] * SPF,) and len(r.chunks) > 1
     np.testing.assert_allclose(r.audio, expected, atol=1e-4, rtol=0)
     # x-vector mode runs the speaker encoder only; the first request with a voice_id is a miss
@@ -109,8 +127,16 @@ def test_in_context_mode_streams_the_reference_synthesis_and_the_cache_skips_bot
     audio = ref_wave(1, seconds=1.6)
     codes, expected = reference(TEXT, audio, RATE, ref_text=REF_TEXT)
     before = snapshot(server)
-    r1 = synth(server, text=TEXT, ref_audio=audio, ref_sample_rate=RATE, ref_text=REF_TEXT,
-               voice_id="icl", temperature=0.0, max_frames=30)
+    r1 = synth(
+        server,
+        text=TEXT,
+        ref_audio=audio,
+        ref_sample_rate=RATE,
+        ref_text=REF_TEXT,
+        voice_id="icl",
+        temperature=0.0,
+        max_frames=30,
+    )
     assert r1.audio.shape == (codes.shape[0] * SPF,)
     np.testing.assert_allclose(r1.audio, expected, atol=1e-4, rtol=0)
     assert delta(server, before) == {"hits": 0, "misses": 1, "evictions": 0, "speaker": 1, "codec": 1}
@@ -126,8 +152,15 @@ def test_lru_eviction_then_unknown_voice_id(server):
 
     before = snapshot(server)
     for i in range(3):  # capacity 2: the third new voice evicts the least recently used one
-        synth(server, text="hi", ref_audio=ref_wave(10 + i), ref_sample_rate=RATE, x_vector_only=True,
-              voice_id=f"lru{i}", max_frames=2)
+        synth(
+            server,
+            text="hi",
+            ref_audio=ref_wave(10 + i),
+            ref_sample_rate=RATE,
+            x_vector_only=True,
+            voice_id=f"lru{i}",
+            max_frames=2,
+        )
     d = delta(server, before)
     assert d["evictions"] >= 1 and d["misses"] == 3 and d["speaker"] == 3
     with pytest.raises(TtsError) as e:
@@ -140,12 +173,26 @@ def test_lru_eviction_then_unknown_voice_id(server):
 GOOD = ref_wave(5)
 BAD = [
     (dict(ref_audio=np.zeros(2 * RATE, np.float32), ref_sample_rate=RATE, x_vector_only=True), "ref_audio", "silence"),
-    (dict(ref_audio=GOOD[:RATE // 4], ref_sample_rate=RATE, x_vector_only=True), "ref_audio", "at least"),
+    (dict(ref_audio=GOOD[: RATE // 4], ref_sample_rate=RATE, x_vector_only=True), "ref_audio", "at least"),
     (dict(ref_audio=np.tile(GOOD, 16), ref_sample_rate=RATE, x_vector_only=True), "ref_audio", "at most"),
-    (dict(ref_audio=np.where(np.arange(GOOD.size) == 7, np.nan, GOOD).astype(np.float32), ref_sample_rate=RATE,
-          x_vector_only=True), "ref_audio", "NaN"),
-    (dict(ref_audio=np.where(np.arange(GOOD.size) == 7, np.inf, GOOD).astype(np.float32), ref_sample_rate=RATE,
-          x_vector_only=True), "ref_audio", "Inf"),
+    (
+        dict(
+            ref_audio=np.where(np.arange(GOOD.size) == 7, np.nan, GOOD).astype(np.float32),
+            ref_sample_rate=RATE,
+            x_vector_only=True,
+        ),
+        "ref_audio",
+        "NaN",
+    ),
+    (
+        dict(
+            ref_audio=np.where(np.arange(GOOD.size) == 7, np.inf, GOOD).astype(np.float32),
+            ref_sample_rate=RATE,
+            x_vector_only=True,
+        ),
+        "ref_audio",
+        "Inf",
+    ),
     (dict(ref_audio=GOOD, ref_sample_rate=12345, x_vector_only=True), "ref_sample_rate", "16000"),
     (dict(ref_audio=GOOD, ref_sample_rate=RATE), "ref_text", "x_vector_only"),
     (dict(voice_id="never-stored"), "voice_id", "unknown voice_id"),
@@ -171,11 +218,15 @@ def test_wrong_dtypes_are_refused(server):
 
     def raw(**arrays):
         with StreamingClient(server.grpc_url) as c:
-            return c.receive(c.send_raw({"text": (np.array([b"hi"], dtype=object), "BYTES"), **arrays}), 0.0, timeout=60)
+            return c.receive(
+                c.send_raw({"text": (np.array([b"hi"], dtype=object), "BYTES"), **arrays}), 0.0, timeout=60
+            )
 
-    for arrays in (dict(ref_audio=(GOOD.astype(np.float64), "FP64"), ref_sample_rate=(np.array([RATE], np.int32), "INT32")),
-                   dict(ref_audio=((GOOD * 3e4).astype(np.int16), "INT16"), ref_sample_rate=(np.array([RATE], np.int32), "INT32")),
-                   dict(ref_audio=(GOOD, "FP32"), ref_sample_rate=(np.array([RATE], np.int64), "INT64"))):
+    for arrays in (
+        dict(ref_audio=(GOOD.astype(np.float64), "FP64"), ref_sample_rate=(np.array([RATE], np.int32), "INT32")),
+        dict(ref_audio=((GOOD * 3e4).astype(np.int16), "INT16"), ref_sample_rate=(np.array([RATE], np.int32), "INT32")),
+        dict(ref_audio=(GOOD, "FP32"), ref_sample_rate=(np.array([RATE], np.int64), "INT64")),
+    ):
         with pytest.raises(TtsError) as e:
             raw(**arrays)
         # Triton's own check against the config, before the model runs (INVALID_ARG in Triton; a
@@ -202,10 +253,36 @@ def test_benchmark_base_with_and_without_the_voice_cache(server, tmp_path):
     js = tmp_path / "b.json"
     before = snapshot(server)
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, str(root / "benchmark" / "benchmark_service.py"), "--url", server.grpc_url,
-                        "--task", "base", "--ref-audio", str(wav), "--ref-text", REF_TEXT, "--concurrency", "1",
-                        "--requests-per-level", "2", "--warmup", "0", "--fixed-frames", "3", "--texts", "en",
-                        "--out-json", str(js), "--no-progress"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmark" / "benchmark_service.py"),
+            "--url",
+            server.grpc_url,
+            "--task",
+            "base",
+            "--ref-audio",
+            str(wav),
+            "--ref-text",
+            REF_TEXT,
+            "--concurrency",
+            "1",
+            "--requests-per-level",
+            "2",
+            "--warmup",
+            "0",
+            "--fixed-frames",
+            "3",
+            "--texts",
+            "en",
+            "--out-json",
+            str(js),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data = json.loads(js.read_text())
     assert data["voice_cache"] == ["fresh", "shared"]
@@ -214,6 +291,11 @@ def test_benchmark_base_with_and_without_the_voice_cache(server, tmp_path):
     assert "voice cache comparison" in r.stdout
     # fresh: 2 misses and 2 runs of each encoder; shared: 1 storing miss (+1 run each), then 2 hits
     d = delta(server, before)
-    assert {k: d[k] for k in ("hits", "misses", "speaker", "codec")} == {"hits": 2, "misses": 3, "speaker": 3, "codec": 3}
+    assert {k: d[k] for k in ("hits", "misses", "speaker", "codec")} == {
+        "hits": 2,
+        "misses": 3,
+        "speaker": 3,
+        "codec": 3,
+    }
     assert d["evictions"] >= 1  # three new voices into a cache of two
     assert server.is_ready()

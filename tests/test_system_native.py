@@ -15,14 +15,20 @@ pytestmark = pytest.mark.system
 
 TEXT = "The native engine behind the same tts model."
 # the README's limits, and the talker context sized from them (max_model_len 0)
-README_LIMITS = dict(max_model_len=0, max_frames_limit=4096, default_max_frames=2048, max_text_chars=2000,
-                     max_instruct_chars=1000)
+README_LIMITS = dict(
+    max_model_len=0, max_frames_limit=4096, default_max_frames=2048, max_text_chars=2000, max_instruct_chars=1000
+)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
-    srv = start_tts_server(tiny_checkpoint, tmp_path_factory.mktemp("tts_native"), engine="native",
-                           left_context_frames=150, **README_LIMITS)
+    srv = start_tts_server(
+        tiny_checkpoint,
+        tmp_path_factory.mktemp("tts_native"),
+        engine="native",
+        left_context_frames=150,
+        **README_LIMITS,
+    )
     yield srv
     srv.stop()
 
@@ -67,7 +73,7 @@ def test_readme_maximum_max_frames_is_served(server):
 def test_longest_densest_text_is_served_with_the_default_max_frames(server):
     """2000 characters (max_text_chars) of the densest text there is, 4 tokens per character
     (U+E0100 has no merge: 4 byte tokens), with default_max_frames 2048: an 8000-row prompt."""
-    text = "\U000E0100" * 2000
+    text = "\U000e0100" * 2000
     assert first_response(server, text=text, speaker="aiden") > 0
     # and a dense real-world text: digits (one token each) and CJK extension B (three each)
     assert first_response(server, text="1\U00020000" * 1000, speaker="aiden", temperature=0.0) > 0
@@ -90,8 +96,9 @@ def test_over_limit_errors_name_their_field_once(server):
     assert "[INVALID_ARG] top_k: top_k=100 > max_top_k=64" in msg and "talker" not in msg, msg
     # the talker itself, asked for more frames than its context holds: code and field, once
     with StreamingClient(server.grpc_url, model="talker") as c:
-        rid = c.send_raw({"text": (np.array([b"hi"], dtype=object), "BYTES"),
-                          "max_frames": (np.array([20000], np.int32), "INT32")})
+        rid = c.send_raw(
+            {"text": (np.array([b"hi"], dtype=object), "BYTES"), "max_frames": (np.array([20000], np.int32), "INT32")}
+        )
         with pytest.raises(TtsError) as e:
             c.receive(rid, 0.0, timeout=60)
     msg = str(e.value)

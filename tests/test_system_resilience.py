@@ -41,10 +41,28 @@ class Supervised:
         self.log = str(work / "server.log")
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "triton_qwen3_tts.tools.launcher", "--model-repository", repo,
-             "--http-port", str(self.http), "--grpc-port", str(self.grpc), "--metrics-port", str(self.metrics_port),
-             "--log", self.log, "--max-restarts", "2"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            [
+                sys.executable,
+                "-m",
+                "triton_qwen3_tts.tools.launcher",
+                "--model-repository",
+                repo,
+                "--http-port",
+                str(self.http),
+                "--grpc-port",
+                str(self.grpc),
+                "--metrics-port",
+                str(self.metrics_port),
+                "--log",
+                self.log,
+                "--max-restarts",
+                "2",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         self.lines = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -96,11 +114,28 @@ def server(tiny_checkpoint, tmp_path_factory):
     from triton_qwen3_tts.serving.repository import RepositorySettings, build_repository
 
     work = tmp_path_factory.mktemp("resilience")
-    repo = build_repository(RepositorySettings(
-        checkpoint=str(tiny_checkpoint), codec_backend="python", device="cpu", engine="native",
-        codec_mode="stateful", max_num_seqs=8, max_model_len=0, max_text_chars=200, default_max_frames=40,
-        max_frames_limit=400, codec_queue_delay_us=5000, codec_max_batch_size=8, max_in_flight=8,
-        max_queued=8, first_chunk_frames=1, chunk_frames=16, request_deadline_s=DEADLINE_S), str(work / "repo"))
+    repo = build_repository(
+        RepositorySettings(
+            checkpoint=str(tiny_checkpoint),
+            codec_backend="python",
+            device="cpu",
+            engine="native",
+            codec_mode="stateful",
+            max_num_seqs=8,
+            max_model_len=0,
+            max_text_chars=200,
+            default_max_frames=40,
+            max_frames_limit=400,
+            codec_queue_delay_us=5000,
+            codec_max_batch_size=8,
+            max_in_flight=8,
+            max_queued=8,
+            first_chunk_frames=1,
+            chunk_frames=16,
+            request_deadline_s=DEADLINE_S,
+        ),
+        str(work / "repo"),
+    )
     srv = Supervised(repo, work)
     try:
         srv.wait_ready()
@@ -162,8 +197,7 @@ def test_stalled_talker_fails_the_request_at_its_deadline(server):
     talker = [pid for inst, pid in server.stubs().items() if inst.startswith("talker")]
     assert len(talker) == 1
     out = []
-    th = threading.Thread(target=lambda: out.append(_one(server.grpc_url, text=TEXT, max_frames=400,
-                                                         ignore_eos=True)))
+    th = threading.Thread(target=lambda: out.append(_one(server.grpc_url, text=TEXT, max_frames=400, ignore_eos=True)))
     th.start()
     time.sleep(2)  # streaming
     os.kill(talker[0], signal.SIGSTOP)

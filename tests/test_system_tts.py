@@ -18,8 +18,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from system_support import (batch_sizes, make_reference, metric, server_state, start_tts_server, synth,
-                            wait_idle)
+from system_support import batch_sizes, make_reference, metric, server_state, start_tts_server, synth, wait_idle
 
 pytestmark = [pytest.mark.system, pytest.mark.vllm]
 
@@ -58,8 +57,14 @@ def client(server):
 def own_server(tiny_checkpoint, tmp_path):
     """A server for one test (same settings as ``server`` but two tts instances, so cancels and
     the in-flight gauges are also checked across instances), stopped when the test ends."""
-    srv = start_tts_server(tiny_checkpoint, tmp_path / "own_server",
-                           left_context_frames=150, max_in_flight=4, max_queued=4, tts_instances=2)
+    srv = start_tts_server(
+        tiny_checkpoint,
+        tmp_path / "own_server",
+        left_context_frames=150,
+        max_in_flight=4,
+        max_queued=4,
+        tts_instances=2,
+    )
     yield srv
     srv.stop()
 
@@ -101,8 +106,10 @@ def test_non_stream_and_int16(server, reference):
 
 
 def test_concurrent_streams_are_correct_and_batch_in_the_codec(server, reference):
-    jobs = [(f"Sentence number {i} for the concurrency test.", spk)
-            for i, spk in enumerate(["aiden", "vivian", "ryan", "serena", "eric", "dylan", "sohee", "uncle_fu"])]
+    jobs = [
+        (f"Sentence number {i} for the concurrency test.", spk)
+        for i, spk in enumerate(["aiden", "vivian", "ryan", "serena", "eric", "dylan", "sohee", "uncle_fu"])
+    ]
     refs = {j: reference(j[0], j[1], frames=30) for j in jobs}
     before = batch_sizes(server, "codec_decoder")
     with cf.ThreadPoolExecutor(8) as ex:
@@ -123,12 +130,43 @@ BAD = [
     (dict(text="hi", task_type="Cloning"), "task_type"),
     (dict(text="hi", task_type="VoiceDesign"), "instruct"),
     (dict(text="hi", task_type="Base"), "ref_audio"),
-    (dict(text="hi", task_type="Base", ref_audio=np.full(1000, 0.1, np.float32), ref_sample_rate=24000, ref_text="a"), "ref_audio"),
-    (dict(text="hi", task_type="Base", ref_audio=np.full(24000 * 40, 0.1, np.float32), ref_sample_rate=24000, ref_text="a"), "ref_audio"),
-    (dict(text="hi", task_type="Base", ref_audio=np.where(np.arange(48000) == 3, np.nan, 0.1).astype(np.float32), ref_sample_rate=24000, ref_text="a"), "ref_audio"),
-    (dict(text="hi", task_type="Base", ref_audio=np.full(48000, 0.1, np.float32), ref_sample_rate=12345, ref_text="a"), "ref_sample_rate"),
+    (
+        dict(
+            text="hi", task_type="Base", ref_audio=np.full(1000, 0.1, np.float32), ref_sample_rate=24000, ref_text="a"
+        ),
+        "ref_audio",
+    ),
+    (
+        dict(
+            text="hi",
+            task_type="Base",
+            ref_audio=np.full(24000 * 40, 0.1, np.float32),
+            ref_sample_rate=24000,
+            ref_text="a",
+        ),
+        "ref_audio",
+    ),
+    (
+        dict(
+            text="hi",
+            task_type="Base",
+            ref_audio=np.where(np.arange(48000) == 3, np.nan, 0.1).astype(np.float32),
+            ref_sample_rate=24000,
+            ref_text="a",
+        ),
+        "ref_audio",
+    ),
+    (
+        dict(
+            text="hi", task_type="Base", ref_audio=np.full(48000, 0.1, np.float32), ref_sample_rate=12345, ref_text="a"
+        ),
+        "ref_sample_rate",
+    ),
     # reference inputs sent to this CustomVoice checkpoint (no task_type: the checkpoint's own)
-    (dict(text="hi", ref_audio=np.full(48000, 0.1, np.float32), ref_sample_rate=24000, x_vector_only=True), "ref_audio"),
+    (
+        dict(text="hi", ref_audio=np.full(48000, 0.1, np.float32), ref_sample_rate=24000, x_vector_only=True),
+        "ref_audio",
+    ),
     (dict(text="hi", voice_id="anna"), "voice_id"),
     (dict(text="hi", x_vector_only=True), "x_vector_only"),
     (dict(text="hi", temperature=-1.0), "temperature"),
@@ -163,8 +201,7 @@ def test_raw_invalid_utf8_wrong_dtype_and_shapes(server):
         raw(text=(np.array([b"\xff\xfe"], dtype=object), "BYTES"))
     assert e.value.code == "INVALID_ARG"
     with pytest.raises(TtsError, match="ref_audio") as e:  # FP64 where FP32 is declared: Triton refuses
-        raw(text=(np.array([b"hi"], dtype=object), "BYTES"),
-            ref_audio=(np.zeros(48000, np.float64), "FP64"))
+        raw(text=(np.array([b"hi"], dtype=object), "BYTES"), ref_audio=(np.zeros(48000, np.float64), "FP64"))
     with pytest.raises(TtsError, match="text") as e:  # shape [2] where [1] is declared
         raw(text=(np.array([b"a", b"b"], dtype=object), "BYTES"))
     assert_ready(server)
@@ -188,8 +225,10 @@ def test_cancelled_requests_abort_the_engine_and_leak_nothing(own_server):
         c.close(cancel=True)
     deadline = time.time() + 60
     while time.time() < deadline:
-        if (metric(server, "qwen3_tts_talker_aborted_total") - aborted0 >= n
-                and metric(server, "qwen3_tts_requests_in_flight") == 0):
+        if (
+            metric(server, "qwen3_tts_talker_aborted_total") - aborted0 >= n
+            and metric(server, "qwen3_tts_requests_in_flight") == 0
+        ):
             break
         time.sleep(0.5)
     assert metric(server, "qwen3_tts_talker_aborted_total") - aborted0 >= n
@@ -252,10 +291,35 @@ def test_benchmark_service_smoke(server, tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     js, cs, png = tmp_path / "b.json", tmp_path / "b.csv", tmp_path / "b.png"
-    r = subprocess.run([sys.executable, str(root / "benchmark" / "benchmark_service.py"), "--url", server.grpc_url,
-                        "--concurrency", "1", "2", "--requests-per-level", "2", "--warmup", "1",
-                        "--fixed-frames", "6", "--texts", "en", "--out-json", str(js), "--out-csv", str(cs),
-                        "--plot", str(png), "--no-progress"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmark" / "benchmark_service.py"),
+            "--url",
+            server.grpc_url,
+            "--concurrency",
+            "1",
+            "2",
+            "--requests-per-level",
+            "2",
+            "--warmup",
+            "1",
+            "--fixed-frames",
+            "6",
+            "--texts",
+            "en",
+            "--out-json",
+            str(js),
+            "--out-csv",
+            str(cs),
+            "--plot",
+            str(png),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     data = json.loads(js.read_text())
     assert [lv["level"] for lv in data["levels"]] == [1, 2]
@@ -292,7 +356,12 @@ def test_stub_profiles_and_ttfa_breakdown(server):
     deadline = time.time() + 30  # the stubs rewrite their file every 5 s
     while time.time() < deadline:
         tts = load("tts")
-        if tts and tts["timings"].get("codec_call", {}).get("count", 0) > 0 and load("talker") and load("codec_decoder"):
+        if (
+            tts
+            and tts["timings"].get("codec_call", {}).get("count", 0) > 0
+            and load("talker")
+            and load("codec_decoder")
+        ):
             break
         time.sleep(1)
     tts = load("tts")
@@ -324,8 +393,9 @@ def run_client_cli(*args):
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "triton_qwen3_tts.tools.client", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "triton_qwen3_tts.tools.client", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_client_cli_prints_a_server_error_on_one_line(server, tmp_path):
@@ -342,7 +412,7 @@ def test_client_cli_without_a_server_prints_one_line(tmp_path):
     two racing paths)."""
     from system_support import free_ports
 
-    port, = free_ports(1)
+    (port,) = free_ports(1)
     for _ in range(4):
         r = run_client_cli("--url", f"127.0.0.1:{port}", "--text", "Hi", "--out", str(tmp_path / "o.wav"))
         assert r.returncode != 0 and r.stdout == "", (r.stdout, r.stderr)

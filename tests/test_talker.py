@@ -40,9 +40,11 @@ def cfg(name, talker_hidden=None):
 
 # spec 6.1: (tensors, params) of model.safetensors
 SPEC = {
-    "0.6b-customvoice": (402, 905_788_672), "1.7b-customvoice": (404, 1_916_676_352),
+    "0.6b-customvoice": (402, 905_788_672),
+    "1.7b-customvoice": (404, 1_916_676_352),
     "1.7b-voicedesign": (404, 1_916_676_352),
-    "0.6b-base": (478, 914_643_008), "1.7b-base": (480, 1_928_677_440),
+    "0.6b-base": (478, 914_643_008),
+    "1.7b-base": (480, 1_928_677_440),
 }
 
 
@@ -57,22 +59,38 @@ def test_real_size_counts_match_spec(preset):
 def spec_keys(c: Qwen3TTSConfig):
     """Key set written independently from the patterns of spec 6.3."""
     keys = set()
-    layer = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-             "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-             "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-             "input_layernorm.weight", "post_attention_layernorm.weight"]
+    layer = [
+        "self_attn.q_proj.weight",
+        "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight",
+        "self_attn.o_proj.weight",
+        "self_attn.q_norm.weight",
+        "self_attn.k_norm.weight",
+        "mlp.gate_proj.weight",
+        "mlp.up_proj.weight",
+        "mlp.down_proj.weight",
+        "input_layernorm.weight",
+        "post_attention_layernorm.weight",
+    ]
     for i in range(c.talker.num_hidden_layers):
         keys |= {f"talker.model.layers.{i}.{k}" for k in layer}
     for i in range(c.talker.code_predictor.num_hidden_layers):
         keys |= {f"talker.code_predictor.model.layers.{i}.{k}" for k in layer}
-    keys |= {"talker.model.norm.weight", "talker.model.codec_embedding.weight", "talker.model.text_embedding.weight",
-             "talker.codec_head.weight", "talker.code_predictor.model.norm.weight"}
+    keys |= {
+        "talker.model.norm.weight",
+        "talker.model.codec_embedding.weight",
+        "talker.model.text_embedding.weight",
+        "talker.codec_head.weight",
+        "talker.code_predictor.model.norm.weight",
+    }
     keys |= {f"talker.text_projection.linear_fc{i}.{p}" for i in (1, 2) for p in ("weight", "bias")}
     keys |= {f"talker.code_predictor.model.codec_embedding.{j}.weight" for j in range(15)}
     keys |= {f"talker.code_predictor.lm_head.{j}.weight" for j in range(15)}
     if c.talker.hidden_size != c.talker.code_predictor.hidden_size:
-        keys |= {"talker.code_predictor.small_to_mtp_projection.weight",
-                 "talker.code_predictor.small_to_mtp_projection.bias"}
+        keys |= {
+            "talker.code_predictor.small_to_mtp_projection.weight",
+            "talker.code_predictor.small_to_mtp_projection.bias",
+        }
     return keys
 
 
@@ -114,8 +132,11 @@ def test_init_random_weights_is_deterministic_and_covers_tables():
     b = init_random_weights(Qwen3TTSModel(cfg("tiny")), 5).state_dict()
     c = init_random_weights(Qwen3TTSModel(cfg("tiny")), 6).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    for k in ("talker.model.codec_embedding.weight", "talker.code_predictor.model.codec_embedding.14.weight",
-              "talker.model.text_embedding.weight"):
+    for k in (
+        "talker.model.codec_embedding.weight",
+        "talker.code_predictor.model.codec_embedding.14.weight",
+        "talker.model.text_embedding.weight",
+    ):
         assert not torch.equal(a[k], c[k]) and 0.015 < float(a[k].std()) < 0.025
     assert torch.equal(a["talker.model.norm.weight"], torch.ones(64))
     assert not a["talker.text_projection.linear_fc1.bias"].any()
@@ -208,7 +229,7 @@ def test_predictor_steps_equal_recompute(which, request):
     cp = t.code_predictor
     h, c0 = torch.randn(1, t.hidden_size), torch.tensor([17])
     codes = t.predict_residuals(h, c0, lambda j, logits: logits.argmax(-1))[0]
-    seq = [h, t.embed_codec(c0)] + [cp.model.codec_embedding[j](codes[j:j + 1]) for j in range(14)]
+    seq = [h, t.embed_codec(c0)] + [cp.model.codec_embedding[j](codes[j : j + 1]) for j in range(14)]
     x = cp.small_to_mtp_projection(torch.stack(seq, 1))
     out, _ = cp.model(x, torch.arange(16)[None])
     for j in range(1, 16):
@@ -219,6 +240,7 @@ def test_predictor_steps_equal_recompute(which, request):
 # generation loop
 # ------------------------------------------------------------------------------------------------
 
+
 def _inputs(d, L=9, N=3, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(L, d, generator=g), torch.randn(N, d, generator=g), torch.randn(d, generator=g)
@@ -226,8 +248,9 @@ def _inputs(d, L=9, N=3, seed=0):
 
 def test_generate_lengths(tiny):
     pe, tr, pad = _inputs(64)
-    codes = generate_codes(tiny, pe, tr, pad, SamplingParams(do_sample=False, subtalker_dosample=False,
-                                                             max_new_tokens=10))
+    codes = generate_codes(
+        tiny, pe, tr, pad, SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=10)
+    )
     assert codes.dtype == torch.long and codes.shape[1] == 16 and codes.shape[0] <= 9
     assert (codes[:, 0] < 2048).all() and (codes[:, 1:] < 2048).all() and (codes >= 0).all()
     fixed = generate_codes(tiny, pe, tr, pad, SamplingParams(max_new_tokens=12, seed=1, ignore_eos=True))
@@ -241,8 +264,10 @@ def test_generate_seeds(tiny_proj):
     a, b, c = run(seed=3), run(seed=3), run(seed=4)
     assert torch.equal(a, b) and not torch.equal(a, c)
     g1, g2 = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
-    assert torch.equal(generate_codes(tiny_proj, pe, tr, pad, SamplingParams(max_new_tokens=5), generator=g1),
-                       generate_codes(tiny_proj, pe, tr, pad, SamplingParams(max_new_tokens=5), generator=g2))
+    assert torch.equal(
+        generate_codes(tiny_proj, pe, tr, pad, SamplingParams(max_new_tokens=5), generator=g1),
+        generate_codes(tiny_proj, pe, tr, pad, SamplingParams(max_new_tokens=5), generator=g2),
+    )
 
 
 def test_generate_min_new_tokens_and_eos_stop(tiny):
@@ -252,9 +277,11 @@ def test_generate_min_new_tokens_and_eos_stop(tiny):
     orig = tiny.codec_logits
     tiny.codec_logits = lambda h: orig(h) + 100.0 * torch.nn.functional.one_hot(torch.tensor(EOS), 3072)
     try:
-        for p in (SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=50),
-                  SamplingParams(seed=0, max_new_tokens=50),
-                  SamplingParams(seed=0, max_new_tokens=50, min_new_tokens=5)):
+        for p in (
+            SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=50),
+            SamplingParams(seed=0, max_new_tokens=50),
+            SamplingParams(seed=0, max_new_tokens=50, min_new_tokens=5),
+        ):
             codes = generate_codes(tiny, pe, tr, pad, p)
             assert codes.shape == (p.min_new_tokens, 16)
             assert (codes[:, 0] < 2048).all()
@@ -278,8 +305,9 @@ def test_generate_feeds_frame_plus_trailing_text(tiny):
     got = []
     tiny.forward = spy
     try:
-        codes = generate_codes(tiny, pe, tr, pad, SamplingParams(max_new_tokens=6, seed=0, ignore_eos=True),
-                               on_frame=got.append)
+        codes = generate_codes(
+            tiny, pe, tr, pad, SamplingParams(max_new_tokens=6, seed=0, ignore_eos=True), on_frame=got.append
+        )
     finally:
         del tiny.forward
     assert torch.equal(torch.stack(got), codes) and codes.shape == (5, 16)
@@ -293,8 +321,9 @@ def test_generate_feeds_frame_plus_trailing_text(tiny):
 def test_generate_kv_loop_equals_full_recompute(tiny):
     """The last hidden state of the cached loop equals a full forward over prompt + all inputs."""
     pe, tr, pad = _inputs(64, L=4, N=1)
-    codes = generate_codes(tiny, pe, tr, pad, SamplingParams(do_sample=False, subtalker_dosample=False,
-                                                             max_new_tokens=5, ignore_eos=True))
+    codes = generate_codes(
+        tiny, pe, tr, pad, SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=5, ignore_eos=True)
+    )
     rows = [pe] + [(tiny.embed_frame(codes[g]) + (tr[g] if g < 1 else pad))[None] for g in range(codes.shape[0])]
     full, _ = tiny(torch.cat(rows)[None])
     # greedy c0 of step g+1 is the argmax of the processed logits at row L-1+g+1
@@ -328,7 +357,7 @@ def test_generate_validates_inputs(tiny):
 
 OFFICIAL_SRC = Path(os.environ.get("QWEN_TTS_OFFICIAL_SRC", "/tmp/qt/src"))
 
-_OFFICIAL_SCRIPT = r'''
+_OFFICIAL_SCRIPT = r"""
 import copy, importlib.machinery as im, sys, types
 import torch
 torch.set_num_threads(1)
@@ -396,16 +425,17 @@ for hidden in (None, 96):
                 do_sample=do_sample, subtalker_dosample=do_sample, max_new_tokens=12))
             assert ref.shape == mine.shape and torch.equal(ref, mine), (hidden, seed, do_sample, ref, mine)
             print("ok", hidden, seed, do_sample, tuple(mine.shape))
-'''
+"""
 
 
 @pytest.mark.slow  # ~20 s: imports transformers and runs 12 official generate() calls
-@pytest.mark.skipif(not (OFFICIAL_SRC / "qwen_tts" / "core" / "models" / "modeling_qwen3_tts.py").exists(),
-                    reason="official qwen_tts source not available")
+@pytest.mark.skipif(
+    not (OFFICIAL_SRC / "qwen_tts" / "core" / "models" / "modeling_qwen3_tts.py").exists(),
+    reason="official qwen_tts source not available",
+)
 def test_matches_official_generate_bit_exactly(tmp_path):
     script = tmp_path / "official.py"
     script.write_text(textwrap.dedent(_OFFICIAL_SCRIPT))
-    r = subprocess.run([sys.executable, str(script), str(OFFICIAL_SRC)], capture_output=True, text=True,
-                       timeout=300)
+    r = subprocess.run([sys.executable, str(script), str(OFFICIAL_SRC)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     assert r.stdout.count("ok ") == 12

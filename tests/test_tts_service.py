@@ -30,7 +30,7 @@ class FakeTalker:
         self.started.append((rid, inputs))
         for i in range(0, len(self.frames), self.per_item):
             await asyncio.sleep(self.delay)
-            yield self.frames[i:i + self.per_item]
+            yield self.frames[i : i + self.per_item]
 
     async def abort(self, rid):
         self.aborted.append(rid)
@@ -63,8 +63,9 @@ def b(s):
 
 
 def service(talker, codec=None, **kw):
-    cfg = TtsModelConfig(checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8,
-                         left_context_frames=5, **kw)
+    cfg = TtsModelConfig(
+        checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8, left_context_frames=5, **kw
+    )
     return TtsService(cfg, Qwen3TTSConfig.from_dict(presets.main_config("tiny")), talker, codec or FakeCodec())
 
 
@@ -80,15 +81,16 @@ def test_stream_matches_whole_decode_within_window(per_item):
     assert audio.shape == (30 * SPF,)
     # The fake is causal with infinite reach, so only chunks whose context covers everything match
     # exactly; check the first chunk exactly and every chunk's length.
-    np.testing.assert_array_equal(audio[:2 * SPF], fake_decode_full(FRAMES[:2]))
+    np.testing.assert_array_equal(audio[: 2 * SPF], fake_decode_full(FRAMES[:2]))
     assert all(left <= 5 for _, left in codec.calls)
     assert send.items[0][1].shape[0] == 2 * SPF or per_item > 2
 
 
 def test_non_stream_and_int16():
     talker, send = FakeTalker(FRAMES, 4), Sender()
-    asyncio.run(service(talker).handle({"text": b("hi"), "stream": np.array([False]),
-                                        "sample_format": b("int16")}, send))
+    asyncio.run(
+        service(talker).handle({"text": b("hi"), "stream": np.array([False]), "sample_format": b("int16")}, send)
+    )
     assert len(send.items) == 1 and send.items[0][2]
     assert send.items[0][1].dtype == np.int16 and send.items[0][1].shape == (30 * SPF,)
 
@@ -146,16 +148,20 @@ def test_codec_failure_is_one_internal_error_and_aborts():
 
 def test_wrong_task_type_for_checkpoint():
     send = Sender()
-    asyncio.run(service(FakeTalker(FRAMES)).handle({"text": b("a"), "task_type": b("VoiceDesign"),
-                                                    "instruct": b("calm")}, send))
+    asyncio.run(
+        service(FakeTalker(FRAMES)).handle({"text": b("a"), "task_type": b("VoiceDesign"), "instruct": b("calm")}, send)
+    )
     assert "not served by this checkpoint" in str(send.items[0][1])
 
 
-@pytest.mark.parametrize("inputs,field", [
-    ({"speaker": b("nobody")}, "speaker"),
-    ({"language": b("klingon")}, "language"),
-    ({"language": b("sichuan_dialect")}, "language"),
-])
+@pytest.mark.parametrize(
+    "inputs,field",
+    [
+        ({"speaker": b("nobody")}, "speaker"),
+        ({"language": b("klingon")}, "language"),
+        ({"language": b("sichuan_dialect")}, "language"),
+    ],
+)
 def test_checkpoint_specific_errors_before_any_work(inputs, field):
     talker, send = FakeTalker(FRAMES), Sender()
     asyncio.run(service(talker).handle({"text": b("hi"), **inputs}, send))
@@ -166,6 +172,7 @@ def test_checkpoint_specific_errors_before_any_work(inputs, field):
 
 def test_codec_session_is_used_and_closed_once_per_request():
     """A codec with ``session()`` gets one session per request, closed on the end and on errors."""
+
     class Session:
         def __init__(self, owner):
             self.owner, self.closed = owner, 0
@@ -244,11 +251,13 @@ def test_ttfa_breakdown_hooks():
     from triton_qwen3_tts.serving.tts.service import Metrics
 
     seen = {"first_frames": [], "first_audio": [], "codec_call": []}
-    metrics = Metrics(first_frames=seen["first_frames"].append, first_audio=seen["first_audio"].append,
-                      codec_call=seen["codec_call"].append)
+    metrics = Metrics(
+        first_frames=seen["first_frames"].append,
+        first_audio=seen["first_audio"].append,
+        codec_call=seen["codec_call"].append,
+    )
     talker, codec, send = FakeTalker(FRAMES, 3, delay=0.001), FakeCodec(), Sender()
-    cfg = TtsModelConfig(checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8,
-                         left_context_frames=5)
+    cfg = TtsModelConfig(checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8, left_context_frames=5)
     svc = TtsService(cfg, Qwen3TTSConfig.from_dict(presets.main_config("tiny")), talker, codec, metrics)
     asyncio.run(svc.handle({"text": b("hello")}, send))
     assert send.finals == 1
@@ -296,8 +305,10 @@ def test_watchdog_ends_a_stalled_request_and_frees_everything():
 
     async def run():
         dogs = [asyncio.ensure_future(s.watchdog(0.05)) for s in (svc, healthy)]
-        await asyncio.wait_for(asyncio.gather(svc.handle({"text": b("hello")}, send),
-                                              healthy.handle({"text": b("hello")}, healthy_send)), 10)
+        await asyncio.wait_for(
+            asyncio.gather(svc.handle({"text": b("hello")}, send), healthy.handle({"text": b("hello")}, healthy_send)),
+            10,
+        )
         for d in dogs:
             d.cancel()
 
@@ -316,8 +327,14 @@ def test_watchdog_fails_every_request_when_a_peer_dies():
     talker abort is attempted: it would never be answered), and later requests are refused."""
     peers = DeadPeers()
     talkers = [StallingTalker(2) for _ in range(3)]
-    cfg = TtsModelConfig(checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8,
-                         left_context_frames=5, request_deadline_s=600)
+    cfg = TtsModelConfig(
+        checkpoint="/x",
+        first_chunk_frames=2,
+        chunk_ramp=(4,),
+        chunk_frames=8,
+        left_context_frames=5,
+        request_deadline_s=600,
+    )
     model = Qwen3TTSConfig.from_dict(presets.main_config("tiny"))
 
     class Talkers:  # one service, a talker per request
@@ -351,4 +368,3 @@ def test_watchdog_fails_every_request_when_a_peer_dies():
         assert s.finals == 1 and s.items[-1][0] == "error"
         assert error_code_name(s.items[-1][1]) == "UNAVAILABLE" and "talker_0_0" in str(s.items[-1][1])
     assert svc.admission.in_flight == 0 and svc.live == {}
-

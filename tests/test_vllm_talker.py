@@ -40,29 +40,31 @@ FRAMES = 32
 # Checkpoint
 # ----------------------------------------------------------------------------------------------
 
+
 def _talker_specs(cfg: Qwen3TTSConfig) -> dict:
     t, cp = cfg.talker, cfg.talker.code_predictor
     D, hd = t.hidden_size, t.head_dim
     specs = {}
 
     def layer(prefix, hidden, inter, heads, kvh, hdim):
-        specs.update({
-            f"{prefix}.self_attn.q_proj.weight": (heads * hdim, hidden),
-            f"{prefix}.self_attn.k_proj.weight": (kvh * hdim, hidden),
-            f"{prefix}.self_attn.v_proj.weight": (kvh * hdim, hidden),
-            f"{prefix}.self_attn.o_proj.weight": (hidden, heads * hdim),
-            f"{prefix}.self_attn.q_norm.weight": (hdim,),
-            f"{prefix}.self_attn.k_norm.weight": (hdim,),
-            f"{prefix}.mlp.gate_proj.weight": (inter, hidden),
-            f"{prefix}.mlp.up_proj.weight": (inter, hidden),
-            f"{prefix}.mlp.down_proj.weight": (hidden, inter),
-            f"{prefix}.input_layernorm.weight": (hidden,),
-            f"{prefix}.post_attention_layernorm.weight": (hidden,),
-        })
+        specs.update(
+            {
+                f"{prefix}.self_attn.q_proj.weight": (heads * hdim, hidden),
+                f"{prefix}.self_attn.k_proj.weight": (kvh * hdim, hidden),
+                f"{prefix}.self_attn.v_proj.weight": (kvh * hdim, hidden),
+                f"{prefix}.self_attn.o_proj.weight": (hidden, heads * hdim),
+                f"{prefix}.self_attn.q_norm.weight": (hdim,),
+                f"{prefix}.self_attn.k_norm.weight": (hdim,),
+                f"{prefix}.mlp.gate_proj.weight": (inter, hidden),
+                f"{prefix}.mlp.up_proj.weight": (inter, hidden),
+                f"{prefix}.mlp.down_proj.weight": (hidden, inter),
+                f"{prefix}.input_layernorm.weight": (hidden,),
+                f"{prefix}.post_attention_layernorm.weight": (hidden,),
+            }
+        )
 
     for i in range(t.num_hidden_layers):
-        layer(f"talker.model.layers.{i}", D, t.intermediate_size, t.num_attention_heads,
-              t.num_key_value_heads, hd)
+        layer(f"talker.model.layers.{i}", D, t.intermediate_size, t.num_attention_heads, t.num_key_value_heads, hd)
     specs["talker.model.norm.weight"] = (D,)
     specs["talker.model.codec_embedding.weight"] = (t.vocab_size, D)
     specs["talker.model.text_embedding.weight"] = (t.text_vocab_size, t.text_hidden_size)
@@ -72,8 +74,14 @@ def _talker_specs(cfg: Qwen3TTSConfig) -> dict:
     specs["talker.text_projection.linear_fc2.bias"] = (D,)
     specs["talker.codec_head.weight"] = (t.vocab_size, D)
     for i in range(cp.num_hidden_layers):
-        layer(f"talker.code_predictor.model.layers.{i}", cp.hidden_size, cp.intermediate_size,
-              cp.num_attention_heads, cp.num_key_value_heads, cp.head_dim)
+        layer(
+            f"talker.code_predictor.model.layers.{i}",
+            cp.hidden_size,
+            cp.intermediate_size,
+            cp.num_attention_heads,
+            cp.num_key_value_heads,
+            cp.head_dim,
+        )
     specs["talker.code_predictor.model.norm.weight"] = (cp.hidden_size,)
     for j in range(cp.num_code_groups - 1):
         specs[f"talker.code_predictor.model.codec_embedding.{j}.weight"] = (cp.vocab_size, D)
@@ -124,13 +132,13 @@ def _make_checkpoint(out: Path) -> Path:
 def _load_weights(ckpt: Path) -> dict:
     from safetensors.torch import load_file
 
-    return {k: v.float() for k, v in load_file(str(ckpt / "model.safetensors")).items()
-            if k.startswith("talker.")}
+    return {k: v.float() for k, v in load_file(str(ckpt / "model.safetensors")).items() if k.startswith("talker.")}
 
 
 # ----------------------------------------------------------------------------------------------
 # Self-contained reference (HF semantics, full recompute, fp32)
 # ----------------------------------------------------------------------------------------------
+
 
 def _rms(x, w, eps):
     x32 = x.float()
@@ -143,7 +151,7 @@ def _rope(x, pos, theta):
     ang = pos.float()[:, None] * inv[None, :]
     emb = torch.cat([ang, ang], -1)
     cos, sin = emb.cos()[:, None, :], emb.sin()[:, None, :]
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
     return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
@@ -162,11 +170,15 @@ def _stack(W, prefix, x, n_layers, heads, kvh, hd, eps, theta):
         k = k.repeat_interleave(heads // kvh, 1)
         v = v.repeat_interleave(heads // kvh, 1)
         o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask)
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
+        )
         x = x + o.transpose(0, 1).reshape(T, heads * hd) @ W[f"{p}.self_attn.o_proj.weight"].T
         h = _rms(x, W[f"{p}.post_attention_layernorm.weight"], eps)
-        x = x + (torch.nn.functional.silu(h @ W[f"{p}.mlp.gate_proj.weight"].T)
-                 * (h @ W[f"{p}.mlp.up_proj.weight"].T)) @ W[f"{p}.mlp.down_proj.weight"].T
+        x = (
+            x
+            + (torch.nn.functional.silu(h @ W[f"{p}.mlp.gate_proj.weight"].T) * (h @ W[f"{p}.mlp.up_proj.weight"].T))
+            @ W[f"{p}.mlp.down_proj.weight"].T
+        )
     return _rms(x, W[f"{prefix}.norm.weight"], eps)
 
 
@@ -179,8 +191,9 @@ class RefTalker:
     def T(self, ids):
         W = self.W
         x = W["talker.model.text_embedding.weight"][torch.as_tensor(ids)]
-        x = torch.nn.functional.silu(x @ W["talker.text_projection.linear_fc1.weight"].T
-                                     + W["talker.text_projection.linear_fc1.bias"])
+        x = torch.nn.functional.silu(
+            x @ W["talker.text_projection.linear_fc1.weight"].T + W["talker.text_projection.linear_fc1.bias"]
+        )
         return x @ W["talker.text_projection.linear_fc2.weight"].T + W["talker.text_projection.linear_fc2.bias"]
 
     def C(self, ids):
@@ -188,8 +201,17 @@ class RefTalker:
 
     def talker_hidden(self, x):
         t = self.t
-        return _stack(self.W, "talker.model", x, t.num_hidden_layers, t.num_attention_heads,
-                      t.num_key_value_heads, t.head_dim, t.rms_norm_eps, t.rope_theta)
+        return _stack(
+            self.W,
+            "talker.model",
+            x,
+            t.num_hidden_layers,
+            t.num_attention_heads,
+            t.num_key_value_heads,
+            t.head_dim,
+            t.rms_norm_eps,
+            t.rope_theta,
+        )
 
     def predict(self, h, c0):
         cp, W = self.t.code_predictor, self.W
@@ -198,11 +220,21 @@ class RefTalker:
         for j in range(cp.num_code_groups - 1):
             x = torch.stack(seq)
             if cp.hidden_size != self.t.hidden_size:
-                x = x @ W["talker.code_predictor.small_to_mtp_projection.weight"].T + W[
-                    "talker.code_predictor.small_to_mtp_projection.bias"]
-            o = _stack(W, "talker.code_predictor.model", x, cp.num_hidden_layers,
-                       cp.num_attention_heads, cp.num_key_value_heads, cp.head_dim,
-                       cp.rms_norm_eps, cp.rope_theta)
+                x = (
+                    x @ W["talker.code_predictor.small_to_mtp_projection.weight"].T
+                    + W["talker.code_predictor.small_to_mtp_projection.bias"]
+                )
+            o = _stack(
+                W,
+                "talker.code_predictor.model",
+                x,
+                cp.num_hidden_layers,
+                cp.num_attention_heads,
+                cp.num_key_value_heads,
+                cp.head_dim,
+                cp.rms_norm_eps,
+                cp.rope_theta,
+            )
             c = int((o[-1] @ W[f"talker.code_predictor.lm_head.{j}.weight"].T).argmax())
             codes.append(c)
             seq.append(W[f"talker.code_predictor.model.codec_embedding.{j}.weight"][c])
@@ -234,8 +266,9 @@ class RefTalker:
                 break
             res = self.predict(h, c0)
             out.append([c0] + res)
-            x = self.C(c0) + sum(self.W[f"talker.code_predictor.model.codec_embedding.{j}.weight"][c]
-                                 for j, c in enumerate(res))
+            x = self.C(c0) + sum(
+                self.W[f"talker.code_predictor.model.codec_embedding.{j}.weight"][c] for j, c in enumerate(res)
+            )
             x = x + (trailing[g] if g < trailing.shape[0] else pad)
             seq = torch.cat([seq, x[None]], 0)
             h = self.talker_hidden(seq)[-1]
@@ -255,8 +288,7 @@ def reference_greedy(ref: RefTalker, prompt, trailing, frames):
     except Exception as e:  # API of generate.py not the one assumed here: say so, keep testing
         import warnings
 
-        warnings.warn(f"generate.generate_codes not usable ({type(e).__name__}: {e}); "
-                      "using this file's reference loop")
+        warnings.warn(f"generate.generate_codes not usable ({type(e).__name__}: {e}); using this file's reference loop")
         return ref.greedy(prompt, trailing, frames)
 
 
@@ -268,8 +300,7 @@ def _package_reference(gen_mod, sampling, talker_mod, ref, prompt, trailing, fra
         _PKG_MODEL = load_checkpoint(_CKPT_DIR, dtype=torch.float32)
     model = getattr(_PKG_MODEL, "model", _PKG_MODEL)
     talker = model.talker
-    sp = sampling.SamplingParams(do_sample=False, subtalker_dosample=False,
-                                 max_new_tokens=frames + 1)
+    sp = sampling.SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1)
     pad = talker.embed_text(torch.tensor([ref.cfg.tts_pad_token_id]))[0]
     with torch.no_grad():
         codes = gen_mod.generate_codes(talker, prompt, trailing, pad, sp)
@@ -284,17 +315,20 @@ _CKPT_DIR = None
 # Prompts of the different task types (layouts of spec 3.2, built from the reference tables)
 # ----------------------------------------------------------------------------------------------
 
+
 def _prompts(ref: RefTalker, rng: random.Random):
     cfg = ref.cfg
     t = cfg.talker
     T, C = ref.T, ref.C
     role = T([151644, 77091, 198])
-    pad_t, bos_t, eos_t = (T([cfg.tts_pad_token_id])[0], T([cfg.tts_bos_token_id])[0],
-                           T([cfg.tts_eos_token_id])[0])
+    pad_t, bos_t, eos_t = (T([cfg.tts_pad_token_id])[0], T([cfg.tts_bos_token_id])[0], T([cfg.tts_eos_token_id])[0])
 
     def tags(lang, spk_vec=None):
-        ids = [t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id] if lang is None else \
-            [t.codec_think_id, t.codec_think_bos_id, t.codec_language_id[lang], t.codec_think_eos_id]
+        ids = (
+            [t.codec_nothink_id, t.codec_think_bos_id, t.codec_think_eos_id]
+            if lang is None
+            else [t.codec_think_id, t.codec_think_bos_id, t.codec_language_id[lang], t.codec_think_eos_id]
+        )
         rows = [C(i) for i in ids]
         if spk_vec is not None:
             rows.append(spk_vec)
@@ -308,53 +342,67 @@ def _prompts(ref: RefTalker, rng: random.Random):
     out = []
     # CustomVoice, non-streaming, english, speaker
     x = text(7)
-    tail = torch.stack([T([i])[0] + C(t.codec_pad_id) for i in x] + [eos_t + C(t.codec_pad_id),
-                                                                      pad_t + C(t.codec_bos_id)])
-    out.append(("cv-nonstream", torch.cat([role, tags("english", C(t.spk_id["vivian"])), tail]),
-                torch.zeros(0, t.hidden_size)))
+    tail = torch.stack(
+        [T([i])[0] + C(t.codec_pad_id) for i in x] + [eos_t + C(t.codec_pad_id), pad_t + C(t.codec_bos_id)]
+    )
+    out.append(
+        ("cv-nonstream", torch.cat([role, tags("english", C(t.spk_id["vivian"])), tail]), torch.zeros(0, t.hidden_size))
+    )
     # CustomVoice, streaming text, auto language
     x = text(12)
-    out.append(("cv-stream", torch.cat([role, tags(None, C(t.spk_id["ryan"])),
-                                        (T([x[0]])[0] + C(t.codec_bos_id))[None]]),
-                torch.cat([T(x[1:]), eos_t[None]])))
+    out.append(
+        (
+            "cv-stream",
+            torch.cat([role, tags(None, C(t.spk_id["ryan"])), (T([x[0]])[0] + C(t.codec_bos_id))[None]]),
+            torch.cat([T(x[1:]), eos_t[None]]),
+        )
+    )
     # VoiceDesign-like: instruction block + non-streaming, chinese
     ins = T([151644, 872, 198] + text(5) + [151645, 198])
     x = text(3)
-    tail = torch.stack([T([i])[0] + C(t.codec_pad_id) for i in x] + [eos_t + C(t.codec_pad_id),
-                                                                      pad_t + C(t.codec_bos_id)])
-    out.append(("vd-instruct", torch.cat([ins, role, tags("chinese"), tail]),
-                torch.zeros(0, t.hidden_size)))
+    tail = torch.stack(
+        [T([i])[0] + C(t.codec_pad_id) for i in x] + [eos_t + C(t.codec_pad_id), pad_t + C(t.codec_bos_id)]
+    )
+    out.append(("vd-instruct", torch.cat([ins, role, tags("chinese"), tail]), torch.zeros(0, t.hidden_size)))
     # Base x-vector-only, streaming (continuous speaker vector row)
     x = text(40)
     xvec = torch.randn(t.hidden_size, generator=torch.Generator().manual_seed(3))
-    out.append(("xvec-stream-long", torch.cat([role, tags("german", xvec),
-                                               (T([x[0]])[0] + C(t.codec_bos_id))[None]]),
-                torch.cat([T(x[1:]), eos_t[None]])))
+    out.append(
+        (
+            "xvec-stream-long",
+            torch.cat([role, tags("german", xvec), (T([x[0]])[0] + C(t.codec_bos_id))[None]]),
+            torch.cat([T(x[1:]), eos_t[None]]),
+        )
+    )
     # Base ICL streaming: Y = T(ref text + text + eos), Z = [C(bos), F(ref frames)]
     g = torch.Generator().manual_seed(4)
     ref_codes = torch.randint(0, 2048, (6, 16), generator=g)
 
     def Fr(fr):
-        return C(int(fr[0])) + sum(ref.W[f"talker.code_predictor.model.codec_embedding.{j}.weight"][int(fr[j + 1])]
-                                   for j in range(15))
+        return C(int(fr[0])) + sum(
+            ref.W[f"talker.code_predictor.model.codec_embedding.{j}.weight"][int(fr[j + 1])] for j in range(15)
+        )
+
     Y = torch.cat([T(text(4) + text(9)), eos_t[None]])
     Z = torch.stack([C(t.codec_bos_id)] + [Fr(fr) for fr in ref_codes])
-    out.append(("icl-stream", torch.cat([role, tags("english", xvec), Y[: len(Z)] + Z]), Y[len(Z):]))
+    out.append(("icl-stream", torch.cat([role, tags("english", xvec), Y[: len(Z)] + Z]), Y[len(Z) :]))
     # Long non-streaming prompt (chunked prefill with max_num_batched_tokens=64)
     x = text(90)
-    tail = torch.stack([T([i])[0] + C(t.codec_pad_id) for i in x] + [eos_t + C(t.codec_pad_id),
-                                                                      pad_t + C(t.codec_bos_id)])
-    out.append(("cv-long", torch.cat([role, tags("french", C(t.spk_id["aiden"])), tail]),
-                torch.zeros(0, t.hidden_size)))
+    tail = torch.stack(
+        [T([i])[0] + C(t.codec_pad_id) for i in x] + [eos_t + C(t.codec_pad_id), pad_t + C(t.codec_bos_id)]
+    )
+    out.append(
+        ("cv-long", torch.cat([role, tags("french", C(t.spk_id["aiden"])), tail]), torch.zeros(0, t.hidden_size))
+    )
     # Short, auto, no speaker
-    out.append(("short", torch.cat([role, tags(None), (T([1234])[0] + C(t.codec_bos_id))[None]]),
-                eos_t[None]))
+    out.append(("short", torch.cat([role, tags(None), (T([1234])[0] + C(t.codec_bos_id))[None]]), eos_t[None]))
     return [(n, p.detach().float(), tr.detach().float()) for n, p, tr in out]
 
 
 # ----------------------------------------------------------------------------------------------
 # Fixtures
 # ----------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
@@ -378,10 +426,17 @@ def loop():
 
 @pytest.fixture(scope="module")
 def engine(ckpt, loop, tmp_path_factory):
-    cfg = EngineConfig(max_num_seqs=8, max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=32 * 2**20,
-                       enforce_eager=True, dtype="float32", seed=0, max_num_batched_tokens=64,
-                       max_trailing_tokens=64,
-                       model_cache_dir=str(tmp_path_factory.mktemp("vllm_cache")))
+    cfg = EngineConfig(
+        max_num_seqs=8,
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_memory_bytes=32 * 2**20,
+        enforce_eager=True,
+        dtype="float32",
+        seed=0,
+        max_num_batched_tokens=64,
+        max_trailing_tokens=64,
+        model_cache_dir=str(tmp_path_factory.mktemp("vllm_cache")),
+    )
     eng = TalkerEngine(ckpt, cfg)
     loop.run_until_complete(eng.start())
     yield eng
@@ -405,6 +460,7 @@ async def _staggered(engine, reqs, delays):
     async def one(r, d):
         await asyncio.sleep(d)
         return await _collect(engine, r)
+
     return await asyncio.gather(*(one(r, d) for r, d in zip(reqs, delays)))
 
 
@@ -412,11 +468,14 @@ async def _staggered(engine, reqs, delays):
 # Tests
 # ----------------------------------------------------------------------------------------------
 
+
 def test_greedy_matches_reference_concurrent(engine, ref, loop):
     prompts = _prompts(ref, random.Random(0))
     assert len(prompts) >= 6
-    reqs = [TalkerRequest(request_id=f"g-{name}", prompt_embeds=p, trailing=tr, max_frames=FRAMES,
-                          greedy=True) for name, p, tr in prompts]
+    reqs = [
+        TalkerRequest(request_id=f"g-{name}", prompt_embeds=p, trailing=tr, max_frames=FRAMES, greedy=True)
+        for name, p, tr in prompts
+    ]
     outs = loop.run_until_complete(_staggered(engine, reqs, [0.0, 0.0, 0.01, 0.0, 0.03, 0.0, 0.05]))
     for (name, p, tr), got in zip(prompts, outs):
         want = reference_greedy(ref, p, tr, FRAMES)
@@ -431,13 +490,13 @@ def test_sampled_seeded(engine, ref, loop):
     name, p, tr = _prompts(ref, random.Random(1))[1]
 
     def req(rid, seed):
-        return TalkerRequest(request_id=rid, prompt_embeds=p, trailing=tr, max_frames=12,
-                             seed=seed, suppress_eos=True)
+        return TalkerRequest(request_id=rid, prompt_embeds=p, trailing=tr, max_frames=12, seed=seed, suppress_eos=True)
 
     async def three():
-        return await asyncio.gather(_collect(engine, req("s-a", 7)),
-                                    _collect(engine, req("s-b", 7)),
-                                    _collect(engine, req("s-c", 8)))
+        return await asyncio.gather(
+            _collect(engine, req("s-a", 7)), _collect(engine, req("s-b", 7)), _collect(engine, req("s-c", 8))
+        )
+
     a, b, c = loop.run_until_complete(three())
     assert a.shape == (12, 16)
     np.testing.assert_array_equal(a, b)
@@ -460,12 +519,19 @@ def test_aborts_leave_no_state(engine, ref, loop):
 
         async def one(i):
             name, p, tr = prompts[i % len(prompts)]
-            r = TalkerRequest(request_id=f"ab-{i}", prompt_embeds=p, trailing=tr,
-                              max_frames=rng.randrange(1, 12), seed=i, suppress_eos=True)
+            r = TalkerRequest(
+                request_id=f"ab-{i}",
+                prompt_embeds=p,
+                trailing=tr,
+                max_frames=rng.randrange(1, 12),
+                seed=i,
+                suppress_eos=True,
+            )
             async with sem:
                 ab = rng.choice([None, None, 1, 2, 4])
                 await asyncio.sleep(rng.random() * 0.01)
                 return await _collect(engine, r, abort_after=ab)
+
         return await asyncio.gather(*(one(i) for i in range(200)))
 
     outs = loop.run_until_complete(run())
@@ -480,12 +546,14 @@ def test_aborts_leave_no_state(engine, ref, loop):
 
     async def flush():
         frames = []
-        async for chunk in engine.synthesize(TalkerRequest(
-                request_id="after", prompt_embeds=p, trailing=tr, max_frames=8, greedy=True)):
+        async for chunk in engine.synthesize(
+            TalkerRequest(request_id="after", prompt_embeds=p, trailing=tr, max_frames=8, greedy=True)
+        ):
             if not live:  # the probe sees the one live request and its KV blocks
                 live.update(engine.scheduler_state())
             frames.append(chunk)
         return np.concatenate(frames)
+
     got = loop.run_until_complete(flush())
     # The engine still serves exactly after the storm (slots recycled correctly).
     np.testing.assert_array_equal(got, reference_greedy(ref, p, tr, 8))
@@ -523,6 +591,7 @@ def test_refusals(engine, ref, loop):
         with pytest.raises(EngineError):
             async for _ in engine.synthesize(TalkerRequest("y", torch.zeros(MAX_MODEL_LEN, D))):
                 pass
+
     loop.run_until_complete(refused())
 
 
@@ -542,16 +611,24 @@ def test_preemption_recompute_is_exact(ckpt, ref, loop, tmp_path_factory):
     the replayed rows must rebuild the exact decode inputs, so greedy frames still match."""
     # tiny preset on vLLM-CPU: 512 KiB -> 256 KV tokens,
     # i.e. 2 KV blocks of 128 on CPU for 6 requests of 60-145 tokens.
-    cfg = EngineConfig(max_num_seqs=6, max_model_len=MAX_MODEL_LEN,
-                       kv_cache_memory_bytes=512 * 1024, enforce_eager=True, dtype="float32",
-                       max_num_batched_tokens=64, max_trailing_tokens=64,
-                       model_cache_dir=str(tmp_path_factory.mktemp("vllm_cache_small")))
+    cfg = EngineConfig(
+        max_num_seqs=6,
+        max_model_len=MAX_MODEL_LEN,
+        kv_cache_memory_bytes=512 * 1024,
+        enforce_eager=True,
+        dtype="float32",
+        max_num_batched_tokens=64,
+        max_trailing_tokens=64,
+        model_cache_dir=str(tmp_path_factory.mktemp("vllm_cache_small")),
+    )
     eng = TalkerEngine(ckpt, cfg)
     loop.run_until_complete(eng.start())
     try:
         prompts = _prompts(ref, random.Random(0))[:6]
-        reqs = [TalkerRequest(request_id=f"p-{n}", prompt_embeds=p, trailing=tr, max_frames=40,
-                              greedy=True) for n, p, tr in prompts]
+        reqs = [
+            TalkerRequest(request_id=f"p-{n}", prompt_embeds=p, trailing=tr, max_frames=40, greedy=True)
+            for n, p, tr in prompts
+        ]
         outs = loop.run_until_complete(_staggered(eng, reqs, [0.0] * len(reqs)))
         for (name, p, tr), got in zip(prompts, outs):
             np.testing.assert_array_equal(got, reference_greedy(ref, p, tr, 40), err_msg=name)

@@ -39,13 +39,16 @@ class FakeEncoders:
     async def __call__(self, audio, rate, need_codes):
         self.calls.append(need_codes)
         spk = np.full(D, float(np.sum(audio)) % 1.0 + rate / 1e5, np.float32)
-        codes = (np.abs(audio[:5 * SPF:SPF, None] * 1e4).astype(np.int64) + np.arange(16)) % 2048 if need_codes else None
+        codes = (
+            (np.abs(audio[: 5 * SPF : SPF, None] * 1e4).astype(np.int64) + np.arange(16)) % 2048 if need_codes else None
+        )
         return spk, codes
 
 
 def voice(i=0, codes=True):
-    return Voice(np.full(D, i, np.float32), np.zeros((3, 16), np.int32) if codes else None,
-                 "t" if codes else None, f"fp{i}")
+    return Voice(
+        np.full(D, i, np.float32), np.zeros((3, 16), np.int32) if codes else None, "t" if codes else None, f"fp{i}"
+    )
 
 
 # ---- cache ---------------------------------------------------------------------------------
@@ -163,24 +166,30 @@ def test_no_voice_id_encodes_every_time_and_stores_nothing():
 # ---- request checks ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kw,field,msg", [
-    (dict(voice_id=b("v"), ref_text=b("w")), "ref_text", "without ref_audio"),
-    (dict(voice_id=b("x" * 300)), "voice_id", "at most 256"),
-    (dict(voice_id=b("a\nb")), "voice_id", "printable"),
-    (dict(ref_audio=AUDIO, ref_sample_rate=sr(12345), ref_text=b("w")), "ref_sample_rate", "24000"),
-])
+@pytest.mark.parametrize(
+    "kw,field,msg",
+    [
+        (dict(voice_id=b("v"), ref_text=b("w")), "ref_text", "without ref_audio"),
+        (dict(voice_id=b("x" * 300)), "voice_id", "at most 256"),
+        (dict(voice_id=b("a\nb")), "voice_id", "printable"),
+        (dict(ref_audio=AUDIO, ref_sample_rate=sr(12345), ref_text=b("w")), "ref_sample_rate", "24000"),
+    ],
+)
 def test_base_request_checks(kw, field, msg):
     with pytest.raises(RequestError) as e:
         req(**kw)
     assert e.value.field == field and msg in str(e.value)
 
 
-@pytest.mark.parametrize("name,value", [("voice_id", b("v")), ("x_vector_only", np.array([True])),
-                                        ("ref_text", b("w")), ("ref_audio", AUDIO)])
+@pytest.mark.parametrize(
+    "name,value",
+    [("voice_id", b("v")), ("x_vector_only", np.array([True])), ("ref_text", b("w")), ("ref_audio", AUDIO)],
+)
 def test_reference_inputs_refused_for_other_tasks(name, value):
     with pytest.raises(RequestError) as e:
-        parse_tts_request({"text": b("hi"), name: value, **({"ref_sample_rate": sr()} if name == "ref_audio" else {})},
-                          TtsLimits())
+        parse_tts_request(
+            {"text": b("hi"), name: value, **({"ref_sample_rate": sr()} if name == "ref_audio" else {})}, TtsLimits()
+        )
     assert e.value.field == name and "only used with task_type Base" in str(e.value)
 
 
@@ -204,7 +213,7 @@ def fake_decode_full(codes):
 
 async def _frames(frames, per):
     for i in range(0, len(frames), per):
-        yield frames[i:i + per]
+        yield frames[i : i + per]
 
 
 @pytest.mark.parametrize("n_prefix,left", [(7, 100), (30, 100), (30, 10), (7, 10)])
@@ -218,19 +227,26 @@ def test_prefix_is_context_only(n_prefix, left):
         return trim_window(fake_decode_full(codes), lc)
 
     async def run():
-        sched = ChunkScheduler(ScheduleConfig(first_chunk_frames=2, ramp=(4, 8), chunk_frames=8, left_context_frames=left))
-        return [c async for c in stream_audio(_frames(frames, 3), decode, sched, prefix=prefix,
-                                              left_context_frames=left)]
+        sched = ChunkScheduler(
+            ScheduleConfig(first_chunk_frames=2, ramp=(4, 8), chunk_frames=8, left_context_frames=left)
+        )
+        return [
+            c async for c in stream_audio(_frames(frames, 3), decode, sched, prefix=prefix, left_context_frames=left)
+        ]
 
     audio = np.concatenate([c.samples for c in asyncio.run(run())])
     assert audio.shape == (40 * SPF,)
     assert all(w <= left + 8 and lc <= left for w, lc in windows)
-    whole = fake_decode_full(np.concatenate([prefix, frames]))[n_prefix * SPF:]
+    whole = fake_decode_full(np.concatenate([prefix, frames]))[n_prefix * SPF :]
     if n_prefix + 40 <= left:  # context covers everything: exactly the official decode-and-drop
         np.testing.assert_array_equal(audio, whole)
     else:  # the first chunk sees min(prefix, left) frames of reference context
-        np.testing.assert_array_equal(audio[:2 * SPF], whole[:2 * SPF] if n_prefix <= left else
-                                      trim_window(fake_decode_full(np.concatenate([prefix[-left:], frames[:2]])), left))
+        np.testing.assert_array_equal(
+            audio[: 2 * SPF],
+            whole[: 2 * SPF]
+            if n_prefix <= left
+            else trim_window(fake_decode_full(np.concatenate([prefix[-left:], frames[:2]])), left),
+        )
 
 
 # ---- TtsService with fake encoders ---------------------------------------------------------
@@ -243,7 +259,7 @@ class FakeTalker:
     async def stream(self, rid, inputs):
         self.started.append(inputs)
         for i in range(len(self.frames)):
-            yield self.frames[i:i + 1]
+            yield self.frames[i : i + 1]
 
     async def abort(self, rid):
         self.aborted.append(rid)
@@ -273,16 +289,23 @@ FRAMES = np.random.default_rng(1).integers(0, 2048, size=(12, 16))
 
 
 def base_service(talker, codec, enc, **kw):
-    cfg = TtsModelConfig(checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8,
-                         left_context_frames=50, **kw)
+    cfg = TtsModelConfig(
+        checkpoint="/x", first_chunk_frames=2, chunk_ramp=(4,), chunk_frames=8, left_context_frames=50, **kw
+    )
     return TtsService(cfg, Qwen3TTSConfig.from_dict(presets.main_config("tiny-base")), talker, codec, encode=enc)
 
 
 def test_service_base_in_context_then_cached():
     talker, codec, enc = FakeTalker(FRAMES), FakeCodec(), FakeEncoders()
     svc = base_service(talker, codec, enc)
-    first = {"text": b("hello"), "ref_audio": AUDIO, "ref_sample_rate": sr(), "ref_text": b("ref"),
-             "voice_id": b("v"), "temperature": np.array([0.0], np.float32)}
+    first = {
+        "text": b("hello"),
+        "ref_audio": AUDIO,
+        "ref_sample_rate": sr(),
+        "ref_text": b("ref"),
+        "voice_id": b("v"),
+        "temperature": np.array([0.0], np.float32),
+    }
     s1 = Sender()
     asyncio.run(svc.handle(first, s1))
     assert [k for k, *_ in s1.items] == ["audio"] * len(s1.items) and s1.items[-1][2]
@@ -295,7 +318,7 @@ def test_service_base_in_context_then_cached():
     np.testing.assert_array_equal(codes0[:5], ins["ref_codes"])
     assert left0 == 5
     audio1 = np.concatenate([x[1] for x in s1.items])
-    whole = fake_decode_full(np.concatenate([ins["ref_codes"], FRAMES]))[5 * SPF:]
+    whole = fake_decode_full(np.concatenate([ins["ref_codes"], FRAMES]))[5 * SPF :]
     np.testing.assert_array_equal(audio1, whole)
     # second request: voice_id only, no encoder run, same talker inputs, same audio
     s2 = Sender()
@@ -309,8 +332,11 @@ def test_service_base_in_context_then_cached():
 def test_service_xvector_mode_sends_no_codes():
     talker, codec, enc = FakeTalker(FRAMES), FakeCodec(), FakeEncoders()
     s = Sender()
-    asyncio.run(base_service(talker, codec, enc).handle(
-        {"text": b("hello"), "ref_audio": AUDIO, "ref_sample_rate": sr(), "x_vector_only": np.array([True])}, s))
+    asyncio.run(
+        base_service(talker, codec, enc).handle(
+            {"text": b("hello"), "ref_audio": AUDIO, "ref_sample_rate": sr(), "x_vector_only": np.array([True])}, s
+        )
+    )
     assert s.items[-1][0] == "audio" and enc.calls == [False]
     assert "ref_codes" not in talker.started[0] and "ref_text" not in talker.started[0]
     assert codec.calls[0][1] == 0  # no reference context
@@ -329,8 +355,11 @@ def test_service_unknown_voice_and_encoder_failure_end_the_request_only():
     assert error_code_name(s.items[0][1]) == "INVALID_ARG" and "unknown voice_id" in str(s.items[0][1])
     svc2 = base_service(talker, codec, broken)
     s2 = Sender()
-    asyncio.run(svc2.handle({"text": b("hi"), "ref_audio": AUDIO, "ref_sample_rate": sr(),
-                             "x_vector_only": np.array([True])}, s2))
+    asyncio.run(
+        svc2.handle(
+            {"text": b("hi"), "ref_audio": AUDIO, "ref_sample_rate": sr(), "x_vector_only": np.array([True])}, s2
+        )
+    )
     assert len(s2.items) == 1 and error_code_name(s2.items[0][1]) == "INTERNAL"
     assert talker.started == [] and svc.admission.in_flight == 0 and svc2.admission.in_flight == 0
 
@@ -355,7 +384,7 @@ class FakeStatefulCodec:
                 new = np.asarray(codes)[left:]
                 self.calls.append(new.shape[0])
                 self.past = np.concatenate([self.past, new])
-                return fake_decode_full(self.past)[-new.shape[0] * SPF:]
+                return fake_decode_full(self.past)[-new.shape[0] * SPF :]
 
             def close(self):
                 self.closed = True
@@ -368,24 +397,35 @@ class FakeStatefulCodec:
 
 def test_service_in_context_primes_a_stateful_codec_session():
     talker, codec, enc = FakeTalker(FRAMES), FakeStatefulCodec(), FakeEncoders()
-    cfg = TtsModelConfig(checkpoint="/x", first_chunk_frames=2, chunk_ramp=(2,), chunk_frames=3,
-                         left_context_frames=0, codec_mode="stateful")
+    cfg = TtsModelConfig(
+        checkpoint="/x",
+        first_chunk_frames=2,
+        chunk_ramp=(2,),
+        chunk_frames=3,
+        left_context_frames=0,
+        codec_mode="stateful",
+    )
     svc = TtsService(cfg, Qwen3TTSConfig.from_dict(presets.main_config("tiny-base")), talker, codec, encode=enc)
     s = Sender()
-    asyncio.run(svc.handle({"text": b("hello"), "ref_audio": AUDIO, "ref_sample_rate": sr(),
-                            "ref_text": b("ref")}, s))
+    asyncio.run(svc.handle({"text": b("hello"), "ref_audio": AUDIO, "ref_sample_rate": sr(), "ref_text": b("ref")}, s))
     ref_codes = talker.started[0]["ref_codes"]
     (sess,) = codec.sessions
     assert sess.calls[:2] == [3, 2] and sess.closed  # 5 reference frames primed in chunk_frames pieces
     audio = np.concatenate([x[1] for x in s.items])
-    np.testing.assert_array_equal(audio, fake_decode_full(np.concatenate([ref_codes, FRAMES]))[5 * SPF:])
+    np.testing.assert_array_equal(audio, fake_decode_full(np.concatenate([ref_codes, FRAMES]))[5 * SPF :])
 
 
 def test_client_builds_reference_inputs():
     from triton_qwen3_tts.tools.client import build_inputs
 
-    d = build_inputs(text="a", ref_audio=np.array([[16384, -32768]], np.int16), ref_sample_rate=16000,
-                     ref_text="words", x_vector_only=False, voice_id="anna")
+    d = build_inputs(
+        text="a",
+        ref_audio=np.array([[16384, -32768]], np.int16),
+        ref_sample_rate=16000,
+        ref_text="words",
+        x_vector_only=False,
+        voice_id="anna",
+    )
     np.testing.assert_array_equal(d["ref_audio"], np.array([0.5, -1.0], np.float32))
     assert d["ref_sample_rate"].dtype == np.int32 and d["x_vector_only"].dtype == np.bool_
     assert d["voice_id"][0] == b"anna" and d["ref_text"][0] == b"words"

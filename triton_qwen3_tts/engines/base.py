@@ -30,8 +30,7 @@ class EngineError(ValueError):
         self.field = field
 
 
-def check_prompt_frames_trailing(req: "TalkerRequest", hidden: int, max_model_len: int,
-                                 max_trailing_tokens: int):
+def check_prompt_frames_trailing(req: "TalkerRequest", hidden: int, max_model_len: int, max_trailing_tokens: int):
     """The checks both engines make before scheduling: prompt and trailing shapes, the frame
     budget within ``max_model_len``, and temperature. Returns (prompt_embeds, trailing) tensors."""
     import torch
@@ -43,21 +42,27 @@ def check_prompt_frames_trailing(req: "TalkerRequest", hidden: int, max_model_le
     if L < 1:
         raise EngineError("prompt_embeds is empty", field="text")
     if L > max_model_len - 2:
-        raise EngineError(f"prompt of {L} rows is too long: max_model_len={max_model_len} "
-                          f"allows at most {max_model_len - 2} prompt rows (+1 frame)", field="text")
+        raise EngineError(
+            f"prompt of {L} rows is too long: max_model_len={max_model_len} "
+            f"allows at most {max_model_len - 2} prompt rows (+1 frame)",
+            field="text",
+        )
     limit = max_model_len - L - 1
     if not isinstance(req.max_frames, int) or isinstance(req.max_frames, bool) or req.max_frames < 1:
         raise EngineError(f"max_frames must be a positive int, got {req.max_frames!r}", field="max_frames")
     if req.max_frames > limit:
-        raise EngineError(f"max_frames={req.max_frames} exceeds max_model_len - prompt_len - 1 "
-                          f"= {limit} for a prompt of {L} rows (max_model_len={max_model_len})",
-                          field="max_frames")
+        raise EngineError(
+            f"max_frames={req.max_frames} exceeds max_model_len - prompt_len - 1 "
+            f"= {limit} for a prompt of {L} rows (max_model_len={max_model_len})",
+            field="max_frames",
+        )
     tr = torch.as_tensor(req.trailing if req.trailing is not None else torch.zeros(0, hidden))
     if tr.dim() != 2 or tr.shape[1] != hidden:
         raise EngineError(f"trailing must be [N, {hidden}], got {tuple(tr.shape)}", field="text")
     if tr.shape[0] > max_trailing_tokens:
-        raise EngineError(f"trailing text of {tr.shape[0]} rows > max_trailing_tokens={max_trailing_tokens}",
-                          field="text")
+        raise EngineError(
+            f"trailing text of {tr.shape[0]} rows > max_trailing_tokens={max_trailing_tokens}", field="text"
+        )
     if not (req.greedy or (req.temperature > 0 and math.isfinite(req.temperature))):
         raise EngineError("temperature must be > 0 unless greedy", field="temperature")
     return pe, tr
@@ -99,12 +104,19 @@ class TalkerRequest:
         do_sample = bool(g("do_sample", True))
         sub_sample = bool(g("subtalker_dosample", do_sample))
         mf = max_frames if max_frames is not None else int(g("max_new_tokens", 2048)) - 1
-        return cls(request_id=request_id, prompt_embeds=prompt_embeds, trailing=trailing,
-                   max_frames=mf, greedy=not do_sample,
-                   temperature=float(g("temperature", 0.9)), top_k=int(g("top_k", 50)),
-                   top_p=float(g("top_p", 1.0)),
-                   repetition_penalty=float(g("repetition_penalty", 1.05)),
-                   min_new_tokens=int(g("min_new_tokens", 2)), sub_greedy=not sub_sample,
-                   sub_temperature=float(g("subtalker_temperature", 0.9)),
-                   sub_top_k=int(g("subtalker_top_k", 50)),
-                   seed=seed if seed is not None else g("seed", None))
+        return cls(
+            request_id=request_id,
+            prompt_embeds=prompt_embeds,
+            trailing=trailing,
+            max_frames=mf,
+            greedy=not do_sample,
+            temperature=float(g("temperature", 0.9)),
+            top_k=int(g("top_k", 50)),
+            top_p=float(g("top_p", 1.0)),
+            repetition_penalty=float(g("repetition_penalty", 1.05)),
+            min_new_tokens=int(g("min_new_tokens", 2)),
+            sub_greedy=not sub_sample,
+            sub_temperature=float(g("subtalker_temperature", 0.9)),
+            sub_top_k=int(g("subtalker_top_k", 50)),
+            seed=seed if seed is not None else g("seed", None),
+        )

@@ -297,7 +297,7 @@ def insert_trt_fusion_barrier(model) -> str:
     # Keep topological order: insert the pre barrier before the Transpose, the post after it.
     nodes = list(g.node)
     idx = next(i for i, n in enumerate(nodes) if n is tr or (n.name == tr.name and n.output == tr.output))
-    new = nodes[:idx] + pre_nodes + [nodes[idx]] + post_nodes + nodes[idx + 1:]
+    new = nodes[:idx] + pre_nodes + [nodes[idx]] + post_nodes + nodes[idx + 1 :]
     del g.node[:]
     g.node.extend(new)
     return name
@@ -332,8 +332,10 @@ class ParityCase:
     kind: str = "batch"  # "batch" (ORT vs torch) or "row" (ORT row alone vs ORT in the batch)
 
     def line(self) -> str:
-        return (f"{self.kind:5s} batch={self.batch:3d} frames={self.frames:4d} "
-                f"max_abs={self.max_abs:.3e} mean_abs={self.mean_abs:.3e}")
+        return (
+            f"{self.kind:5s} batch={self.batch:3d} frames={self.frames:4d} "
+            f"max_abs={self.max_abs:.3e} mean_abs={self.mean_abs:.3e}"
+        )
 
 
 @dataclass
@@ -353,8 +355,10 @@ class ParityReport:
     def summary(self) -> str:
         lines = [c.line() for c in self.cases] + [f"ERROR {e}" for e in self.errors]
         mean = float(np.mean([c.mean_abs for c in self.cases])) if self.cases else 0.0
-        lines.append(f"parity {'OK' if self.ok else 'FAILED'}: max_abs={self.max_abs:.3e} "
-                     f"mean_abs={mean:.3e} atol={self.atol:.1e} cases={len(self.cases)}")
+        lines.append(
+            f"parity {'OK' if self.ok else 'FAILED'}: max_abs={self.max_abs:.3e} "
+            f"mean_abs={mean:.3e} atol={self.atol:.1e} cases={len(self.cases)}"
+        )
         return "\n".join(lines)
 
 
@@ -410,14 +414,16 @@ def check_parity(
         if b > 1:
             worst, means = 0.0, []
             for i in range(b):
-                alone = sess.run([OUTPUT_NAME], {INPUT_NAME: codes[i:i + 1]})[0][0]
+                alone = sess.run([OUTPUT_NAME], {INPUT_NAME: codes[i : i + 1]})[0][0]
                 di = np.abs(alone.astype(np.float64) - got[i])
                 worst, means = max(worst, float(di.max())), means + [float(di.mean())]
             rep.cases.append(ParityCase(b, t, worst, float(np.mean(means)), "row"))
     return rep
 
 
-def compare_onnx_models(path_a: str, path_b: str, shapes: Sequence[Tuple[int, int]], codebook_size: int = 2048) -> float:
+def compare_onnx_models(
+    path_a: str, path_b: str, shapes: Sequence[Tuple[int, int]], codebook_size: int = 2048
+) -> float:
     """Max abs difference between two ONNX models' outputs on random codes (barrier check)."""
     sa, sb = ort_session(path_a), ort_session(path_b)
     worst = 0.0

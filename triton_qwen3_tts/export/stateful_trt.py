@@ -22,7 +22,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from triton_qwen3_tts.export.codec_onnx import DEFAULT_ONNX_PATH, DEFAULT_PLAN_PATH, INPUT_NAME, NUM_QUANTIZERS, OUTPUT_NAME, ShapeProfile
+from triton_qwen3_tts.export.codec_onnx import (
+    DEFAULT_ONNX_PATH,
+    DEFAULT_PLAN_PATH,
+    INPUT_NAME,
+    NUM_QUANTIZERS,
+    OUTPUT_NAME,
+    ShapeProfile,
+)
 
 DEFAULT_STATEFUL_ONNX_PATH = os.path.join("build", "codec_decoder_stateful.onnx")
 DEFAULT_STATEFUL_PLAN_PATH = os.path.join("build", "codec_decoder_stateful.plan")
@@ -54,8 +61,7 @@ def state_io(sd) -> List[StateIO]:
     names = list(sd.state_names())
     if not (len(names) == len(ins) == len(outs) == len(shapes)):
         raise ValueError("state layout: names, ONNX names and shapes disagree in length")
-    return [StateIO(n, i, o, tuple(int(x) for x in shapes[n][1:]), n != "pos")
-            for n, i, o in zip(names, ins, outs)]
+    return [StateIO(n, i, o, tuple(int(x) for x in shapes[n][1:]), n != "pos") for n, i, o in zip(names, ins, outs)]
 
 
 def stateful_decoder_meta(checkpoint: Optional[str] = None, preset: Optional[str] = None):
@@ -137,15 +143,18 @@ def expected_io(io: Sequence[StateIO]) -> Tuple["OrderedDict[str, tuple]", "Orde
     return ins, outs
 
 
-def check_io(actual: Mapping[str, Sequence[int]], expected: Mapping[str, Sequence[int]], what: str,
-             dynamic_ok: bool = False) -> List[str]:
+def check_io(
+    actual: Mapping[str, Sequence[int]], expected: Mapping[str, Sequence[int]], what: str, dynamic_ok: bool = False
+) -> List[str]:
     """Problems between a network's (or ONNX's) I/O ``name -> shape`` (dynamic axes negative or
     None) and the expected one; empty when they agree. ``dynamic_ok``: an actual dynamic dim
     matches any expected size (outputs: the exporter leaves sliced state outputs symbolic; their
     runtime shapes are checked by the parity run)."""
+
     def norm(shape):
-        return tuple(-1 if (d is None or (isinstance(d, int) and d < 0) or not isinstance(d, int)) else int(d)
-                     for d in shape)
+        return tuple(
+            -1 if (d is None or (isinstance(d, int) and d < 0) or not isinstance(d, int)) else int(d) for d in shape
+        )
 
     problems = []
     missing = [n for n in expected if n not in actual]
@@ -185,7 +194,9 @@ def row_positions(batch: int, max_pos: int = 90) -> List[int]:
     return [0] + [1 + (37 * i) % max_pos for i in range(1, batch)]
 
 
-def compare_state(ref: Mapping[str, object], got: Mapping[str, object], io: Sequence[StateIO]) -> Tuple[float, List[str]]:
+def compare_state(
+    ref: Mapping[str, object], got: Mapping[str, object], io: Sequence[StateIO]
+) -> Tuple[float, List[str]]:
     """``(max relative |diff| over float states, problems)``: NaN/Inf in ``got``, shape mismatch,
     or an int state (``pos``) that is not exactly equal. Relative = |diff| / max(1, max|ref|)."""
     import numpy as np
@@ -203,5 +214,7 @@ def compare_state(ref: Mapping[str, object], got: Mapping[str, object], io: Sequ
             scale = max(1.0, float(np.abs(r).max()) if r.size else 1.0)
             worst = max(worst, float(np.abs(g.astype(np.float64) - r).max()) / scale if r.size else 0.0)
         elif not np.array_equal(r, g):
-            problems.append(f"{s.output_name}: int state differs ({g.reshape(-1)[:4].tolist()} vs {r.reshape(-1)[:4].tolist()})")
+            problems.append(
+                f"{s.output_name}: int state differs ({g.reshape(-1)[:4].tolist()} vs {r.reshape(-1)[:4].tolist()})"
+            )
     return worst, problems

@@ -113,15 +113,13 @@ def _mel_filterbank_np() -> np.ndarray:
 
 # Bounded caches keyed on (device, dtype): a server touches one or two devices and dtypes.
 @functools.lru_cache(maxsize=8)
-def mel_filterbank(device: torch.device = torch.device("cpu"),
-                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def mel_filterbank(device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The ``[128, 513]`` mel filterbank on ``device`` in ``dtype`` (cached; do not modify)."""
     return torch.from_numpy(_mel_filterbank_np().copy()).to(device=device, dtype=dtype)
 
 
 @functools.lru_cache(maxsize=8)
-def hann_window(device: torch.device = torch.device("cpu"),
-                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def hann_window(device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Periodic Hann window of 1024 samples (``torch.hann_window`` default), cached."""
     return torch.hann_window(WIN_LENGTH, dtype=dtype).to(device)
 
@@ -181,8 +179,7 @@ def _check_sample_rate(sr, field: str = "sample_rate") -> int:
             raise AudioError(field, f"must be an integer number of Hz, got {sr!r}")
     sr = int(sr)
     if not MIN_SAMPLE_RATE <= sr <= MAX_SAMPLE_RATE:
-        raise AudioError(field, f"{sr} Hz is outside the supported range "
-                                f"{MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
+        raise AudioError(field, f"{sr} Hz is outside the supported range {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz")
     return sr
 
 
@@ -216,9 +213,15 @@ def resample(wav: np.ndarray, orig_sr: int, target_sr: int = SAMPLE_RATE) -> np.
     return np.ascontiguousarray(y)
 
 
-def validate_reference_audio(wav, sr, min_seconds: float, max_seconds: float, *,
-                             silence_rms: float = DEFAULT_SILENCE_RMS,
-                             field: str = "ref_audio") -> np.ndarray:
+def validate_reference_audio(
+    wav,
+    sr,
+    min_seconds: float,
+    max_seconds: float,
+    *,
+    silence_rms: float = DEFAULT_SILENCE_RMS,
+    field: str = "ref_audio",
+) -> np.ndarray:
     """Check user reference audio and return it as mono float32 ``[samples]`` (not resampled).
 
     Raises :class:`AudioError` for: a non-array, a dtype other than float32/float64/int16
@@ -234,8 +237,9 @@ def validate_reference_audio(wav, sr, min_seconds: float, max_seconds: float, *,
     if wav.ndim == 2 and wav.shape[0] == 1:
         wav = wav[0]
     if wav.ndim != 1:
-        raise AudioError(field, f"audio must be mono with shape [samples] or [1, samples], "
-                                f"got shape {tuple(wav.shape)}")
+        raise AudioError(
+            field, f"audio must be mono with shape [samples] or [1, samples], got shape {tuple(wav.shape)}"
+        )
     if wav.dtype == np.int16:
         out = wav.astype(np.float32) / 32768.0
     else:
@@ -255,18 +259,22 @@ def validate_reference_audio(wav, sr, min_seconds: float, max_seconds: float, *,
     return np.ascontiguousarray(out)
 
 
-def prepare_reference_audio(wav, sr, min_seconds: float, max_seconds: float, *,
-                            silence_rms: float = DEFAULT_SILENCE_RMS,
-                            field: str = "ref_audio",
-                            target_sr: int = SAMPLE_RATE) -> np.ndarray:
+def prepare_reference_audio(
+    wav,
+    sr,
+    min_seconds: float,
+    max_seconds: float,
+    *,
+    silence_rms: float = DEFAULT_SILENCE_RMS,
+    field: str = "ref_audio",
+    target_sr: int = SAMPLE_RATE,
+) -> np.ndarray:
     """:func:`validate_reference_audio` then :func:`resample` to 24 kHz: mono float32 ``[samples]``."""
-    out = validate_reference_audio(wav, sr, min_seconds, max_seconds,
-                                   silence_rms=silence_rms, field=field)
+    out = validate_reference_audio(wav, sr, min_seconds, max_seconds, silence_rms=silence_rms, field=field)
     return resample(out, int(sr), target_sr)
 
 
-def as_waveform_tensor(wav: Union[np.ndarray, torch.Tensor],
-                       device: Optional[torch.device] = None) -> torch.Tensor:
+def as_waveform_tensor(wav: Union[np.ndarray, torch.Tensor], device: Optional[torch.device] = None) -> torch.Tensor:
     """A 1-D float waveform (numpy or torch) as a float32/float64 torch tensor ``[samples]``."""
     t = torch.from_numpy(np.ascontiguousarray(wav)) if isinstance(wav, np.ndarray) else wav
     if not isinstance(t, torch.Tensor):

@@ -63,8 +63,11 @@ log = logging.getLogger(__name__)
 # hard-coded defaults (GenerationDefaults, max_new_tokens 2048) with a warning from us.
 MAIN_FILES = ("config.json", "model.safetensors")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
-SPEECH_TOKENIZER_FILES = ("speech_tokenizer/config.json", "speech_tokenizer/preprocessor_config.json",
-                          "speech_tokenizer/model.safetensors")
+SPEECH_TOKENIZER_FILES = (
+    "speech_tokenizer/config.json",
+    "speech_tokenizer/preprocessor_config.json",
+    "speech_tokenizer/model.safetensors",
+)
 REQUIRED_FILES = MAIN_FILES + TOKENIZER_FILES + SPEECH_TOKENIZER_FILES
 OPTIONAL_FILES = ("generation_config.json", "preprocessor_config.json")
 
@@ -123,9 +126,23 @@ def _load_generation(root: Path) -> GenerationDefaults:
 # ----------------------------------------------------------------------------------------------
 # safetensors headers.
 
-_ST_KIND = {"F64": "float", "F32": "float", "F16": "float", "BF16": "float", "F8_E4M3": "float",
-            "F8_E5M2": "float", "I64": "int", "I32": "int", "I16": "int", "I8": "int", "U8": "int",
-            "U16": "int", "U32": "int", "U64": "int", "BOOL": "bool"}
+_ST_KIND = {
+    "F64": "float",
+    "F32": "float",
+    "F16": "float",
+    "BF16": "float",
+    "F8_E4M3": "float",
+    "F8_E5M2": "float",
+    "I64": "int",
+    "I32": "int",
+    "I16": "int",
+    "I8": "int",
+    "U8": "int",
+    "U16": "int",
+    "U32": "int",
+    "U64": "int",
+    "BOOL": "bool",
+}
 
 
 def _torch_kind(dtype: torch.dtype) -> str:
@@ -145,8 +162,9 @@ def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[tuple, s
             (n,) = struct.unpack("<Q", raw)
             size = path.stat().st_size
             if n > min(size - 8, 100 << 20):
-                raise CheckpointError(f"{path}: not a safetensors file (header length {n} is "
-                                      f"larger than the file, {size} bytes)")
+                raise CheckpointError(
+                    f"{path}: not a safetensors file (header length {n} is larger than the file, {size} bytes)"
+                )
             header = json.loads(f.read(n))
     except FileNotFoundError:
         raise CheckpointError(f"missing file: {path}") from None
@@ -160,8 +178,7 @@ def read_safetensors_header(path: str | os.PathLike) -> dict[str, tuple[tuple, s
         out[key] = (tuple(int(s) for s in info["shape"]), str(info["dtype"]))
         end = max(end, int(info["data_offsets"][1]))
     if 8 + n + end > size:
-        raise CheckpointError(f"{path}: truncated: the header describes {8 + n + end} bytes, the "
-                              f"file has {size}")
+        raise CheckpointError(f"{path}: truncated: the header describes {8 + n + end} bytes, the file has {size}")
     return out
 
 
@@ -169,8 +186,12 @@ def _fmt_shape(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def compare_header(header: dict[str, tuple[tuple, str]], specs: Sequence[TensorSpec],
-                   prefix: str = "", ignore_prefixes: Sequence[str] = ()) -> list[str]:
+def compare_header(
+    header: dict[str, tuple[tuple, str]],
+    specs: Sequence[TensorSpec],
+    prefix: str = "",
+    ignore_prefixes: Sequence[str] = (),
+) -> list[str]:
     """Problems (one line each) of a safetensors header against the expected tensor specs.
 
     Only keys starting with ``prefix`` are considered, minus ``ignore_prefixes`` (e.g. the
@@ -185,12 +206,10 @@ def compare_header(header: dict[str, tuple[tuple, str]], specs: Sequence[TensorS
             continue
         shape, dt = header[key]
         if tuple(shape) != tuple(s.shape):
-            problems.append(f"key '{key}': expected shape {_fmt_shape(s.shape)}, found "
-                            f"{_fmt_shape(shape)}")
+            problems.append(f"key '{key}': expected shape {_fmt_shape(s.shape)}, found {_fmt_shape(shape)}")
         kind = _ST_KIND.get(dt, dt)
         if kind != _torch_kind(s.dtype):
-            problems.append(f"key '{key}': expected a {_torch_kind(s.dtype)} tensor "
-                            f"({s.dtype}), found dtype {dt}")
+            problems.append(f"key '{key}': expected a {_torch_kind(s.dtype)} tensor ({s.dtype}), found dtype {dt}")
     for key, (shape, _) in sorted(header.items()):
         if not key.startswith(prefix) or any(key.startswith(p) for p in ignore_prefixes):
             continue
@@ -204,8 +223,11 @@ def _raise_problems(file: Path, problems: list[str], what: str) -> None:
         return
     lines = problems[:_MAX_LISTED]
     more = len(problems) - len(lines)
-    msg = (f"{file}: {len(problems)} problem(s) against the {what}:\n  - " + "\n  - ".join(lines)
-           + (f"\n  ... and {more} more" if more > 0 else ""))
+    msg = (
+        f"{file}: {len(problems)} problem(s) against the {what}:\n  - "
+        + "\n  - ".join(lines)
+        + (f"\n  ... and {more} more" if more > 0 else "")
+    )
     raise CheckpointError(msg)
 
 
@@ -213,8 +235,7 @@ def _raise_problems(file: Path, problems: list[str], what: str) -> None:
 # Validation.
 
 
-def _check_files(root: Path, load_speech_tokenizer: bool, load_encoder: bool,
-                 load_tokenizer: bool) -> None:
+def _check_files(root: Path, load_speech_tokenizer: bool, load_encoder: bool, load_tokenizer: bool) -> None:
     if not root.is_dir():
         raise CheckpointError(f"checkpoint directory not found: {root}")
     need = list(MAIN_FILES)
@@ -226,12 +247,17 @@ def _check_files(root: Path, load_speech_tokenizer: bool, load_encoder: bool,
     if missing:
         raise CheckpointError(
             f"checkpoint {root} is incomplete: missing file(s) {', '.join(missing)}. Required "
-            f"(spec 6.2): {', '.join(REQUIRED_FILES)}; optional: {', '.join(OPTIONAL_FILES)}.")
+            f"(spec 6.2): {', '.join(REQUIRED_FILES)}; optional: {', '.join(OPTIONAL_FILES)}."
+        )
 
 
-def validate_checkpoint(path: str | os.PathLike, *, load_speech_tokenizer: bool = True,
-                        load_encoder: bool = False, load_tokenizer: bool = True
-                        ) -> tuple[Qwen3TTSConfig, Optional[SpeechTokenizerConfig]]:
+def validate_checkpoint(
+    path: str | os.PathLike,
+    *,
+    load_speech_tokenizer: bool = True,
+    load_encoder: bool = False,
+    load_tokenizer: bool = True,
+) -> tuple[Qwen3TTSConfig, Optional[SpeechTokenizerConfig]]:
     """Check files, configs and every tensor header of a checkpoint; load no tensor data.
 
     Returns the parsed configs. Raises :class:`CheckpointError` (a ``ConfigError``) with one
@@ -241,20 +267,21 @@ def validate_checkpoint(path: str | os.PathLike, *, load_speech_tokenizer: bool 
     _check_files(root, load_speech_tokenizer, load_encoder, load_tokenizer)
     config = load_talker_config(root)
     model_file = root / "model.safetensors"
-    _raise_problems(model_file, compare_header(read_safetensors_header(model_file),
-                                               main_tensor_specs(config)),
-                    f"layout of config.json (tts_model_type={config.tts_model_type!r}, "
-                    f"hidden_size={config.talker.hidden_size})")
+    _raise_problems(
+        model_file,
+        compare_header(read_safetensors_header(model_file), main_tensor_specs(config)),
+        f"layout of config.json (tts_model_type={config.tts_model_type!r}, hidden_size={config.talker.hidden_size})",
+    )
     st_config = None
     if load_speech_tokenizer or load_encoder:
         st_config = load_speech_tokenizer_config(root)
         st_file = root / "speech_tokenizer" / "model.safetensors"
         header = read_safetensors_header(st_file)
-        specs = speech_tokenizer_tensor_specs(st_config, decoder=load_speech_tokenizer,
-                                              encoder=load_encoder)
+        specs = speech_tokenizer_tensor_specs(st_config, decoder=load_speech_tokenizer, encoder=load_encoder)
         ignore = (() if load_speech_tokenizer else ("decoder.",)) + (() if load_encoder else ("encoder.",))
-        _raise_problems(st_file, compare_header(header, specs, ignore_prefixes=ignore),
-                        "layout of speech_tokenizer/config.json")
+        _raise_problems(
+            st_file, compare_header(header, specs, ignore_prefixes=ignore), "layout of speech_tokenizer/config.json"
+        )
     return config, st_config
 
 
@@ -285,8 +312,9 @@ def _params_on_meta() -> Iterator[None]:
         nn.Module.register_parameter = original
 
 
-def _read_state(file: Path, keys: Sequence[str], strip: str, device: str | torch.device,
-                dtype: Optional[torch.dtype]) -> dict[str, torch.Tensor]:
+def _read_state(
+    file: Path, keys: Sequence[str], strip: str, device: str | torch.device, dtype: Optional[torch.dtype]
+) -> dict[str, torch.Tensor]:
     from safetensors import safe_open
 
     state = {}
@@ -295,50 +323,55 @@ def _read_state(file: Path, keys: Sequence[str], strip: str, device: str | torch
             t = f.get_tensor(key)
             if dtype is not None and t.is_floating_point():
                 t = t.to(dtype)
-            state[key[len(strip):]] = t.to(device)
+            state[key[len(strip) :]] = t.to(device)
     return state
 
 
-def _assign(module: nn.Module, state: dict[str, torch.Tensor], file: Path,
-            device: str | torch.device) -> nn.Module:
+def _assign(module: nn.Module, state: dict[str, torch.Tensor], file: Path, device: str | torch.device) -> nn.Module:
     try:
         module.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:  # validated before, so this is a module/layout bug
         raise CheckpointError(f"{file}: load_state_dict failed: {e}") from None
     module.to(device)
-    left = [n for n, t in list(module.named_parameters()) + list(module.named_buffers())
-            if t.device.type == "meta"]
+    left = [n for n, t in list(module.named_parameters()) + list(module.named_buffers()) if t.device.type == "meta"]
     if left:
-        raise CheckpointError(f"{file}: tensors not in the checkpoint stayed uninitialised on the "
-                              f"meta device: {', '.join(left[:10])}")
+        raise CheckpointError(
+            f"{file}: tensors not in the checkpoint stayed uninitialised on the meta device: {', '.join(left[:10])}"
+        )
     module.eval()
     module.requires_grad_(False)
     return module
 
 
-def _build_and_load(build, file: Path, keys: Sequence[str], strip: str,
-                    device: str | torch.device, dtype: Optional[torch.dtype]) -> nn.Module:
+def _build_and_load(
+    build, file: Path, keys: Sequence[str], strip: str, device: str | torch.device, dtype: Optional[torch.dtype]
+) -> nn.Module:
     with _params_on_meta():
         module = build()
     return _assign(module, _read_state(file, keys, strip, device, dtype), file, device)
 
 
-def load_codec_decoder(path: str | os.PathLike, device: str | torch.device = "cpu",
-                       st_config: Optional[SpeechTokenizerConfig] = None) -> nn.Module:
+def load_codec_decoder(
+    path: str | os.PathLike, device: str | torch.device = "cpu", st_config: Optional[SpeechTokenizerConfig] = None
+) -> nn.Module:
     """Only the speech-tokenizer decoder (fp32) of a checkpoint directory, validated first."""
     root = Path(path)
     st_config = st_config or load_speech_tokenizer_config(root)
     file = root / "speech_tokenizer" / "model.safetensors"
     specs = speech_tokenizer_tensor_specs(st_config, decoder=True, encoder=False)
-    _raise_problems(file, compare_header(read_safetensors_header(file), specs,
-                                         ignore_prefixes=("encoder.",)),
-                    "layout of speech_tokenizer/config.json")
-    return _build_and_load(lambda: build_codec_decoder(st_config), file, [s.key for s in specs],
-                           "decoder.", device, torch.float32)
+    _raise_problems(
+        file,
+        compare_header(read_safetensors_header(file), specs, ignore_prefixes=("encoder.",)),
+        "layout of speech_tokenizer/config.json",
+    )
+    return _build_and_load(
+        lambda: build_codec_decoder(st_config), file, [s.key for s in specs], "decoder.", device, torch.float32
+    )
 
 
-def load_reference_encoders(path: str | os.PathLike, device: str | torch.device = "cpu",
-                            speaker_dtype: torch.dtype = torch.float32) -> tuple[nn.Module, nn.Module]:
+def load_reference_encoders(
+    path: str | os.PathLike, device: str | torch.device = "cpu", speaker_dtype: torch.dtype = torch.float32
+) -> tuple[nn.Module, nn.Module]:
     """Only the Base model's speaker encoder and the speech-tokenizer encoder (fp32), validated
     first: what a server needs to turn reference audio into a prompt, without the talker."""
     from triton_qwen3_tts.model.speaker_encoder import SpeakerEncoder
@@ -351,22 +384,36 @@ def load_reference_encoders(path: str | os.PathLike, device: str | torch.device 
     specs = [s for s in main_tensor_specs(config) if s.key.startswith("speaker_encoder.")]
     header = {k: v for k, v in read_safetensors_header(main_file).items() if k.startswith("speaker_encoder.")}
     _raise_problems(main_file, compare_header(header, specs), "speaker_encoder_config of config.json")
-    speaker = _build_and_load(lambda: SpeakerEncoder(config.speaker_encoder), main_file,
-                              [s.key for s in specs], "speaker_encoder.", device, speaker_dtype)
+    speaker = _build_and_load(
+        lambda: SpeakerEncoder(config.speaker_encoder),
+        main_file,
+        [s.key for s in specs],
+        "speaker_encoder.",
+        device,
+        speaker_dtype,
+    )
     st_config = load_speech_tokenizer_config(root)
     st_file = root / "speech_tokenizer" / "model.safetensors"
     st_specs = speech_tokenizer_tensor_specs(st_config, decoder=False, encoder=True)
-    _raise_problems(st_file, compare_header(read_safetensors_header(st_file), st_specs,
-                                            ignore_prefixes=("decoder.",)),
-                    "layout of speech_tokenizer/config.json")
-    codec = _build_and_load(lambda: build_codec_encoder(st_config), st_file, [s.key for s in st_specs],
-                            "encoder.", device, torch.float32)
+    _raise_problems(
+        st_file,
+        compare_header(read_safetensors_header(st_file), st_specs, ignore_prefixes=("decoder.",)),
+        "layout of speech_tokenizer/config.json",
+    )
+    codec = _build_and_load(
+        lambda: build_codec_encoder(st_config), st_file, [s.key for s in st_specs], "encoder.", device, torch.float32
+    )
     return speaker, codec
 
 
-def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
-                    dtype: Optional[torch.dtype] = None, load_speech_tokenizer: bool = True,
-                    load_encoder: bool = False, load_tokenizer: bool = True) -> LoadedCheckpoint:
+def load_checkpoint(
+    path: str | os.PathLike,
+    device: str | torch.device = "cpu",
+    dtype: Optional[torch.dtype] = None,
+    load_speech_tokenizer: bool = True,
+    load_encoder: bool = False,
+    load_tokenizer: bool = True,
+) -> LoadedCheckpoint:
     """Validate, then load a checkpoint directory in the official layout.
 
     - ``dtype``: the main model's dtype; ``None`` keeps the file's (bf16).
@@ -375,30 +422,42 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu",
     - ``load_tokenizer``: the text tokenizer via ``text.load_text_tokenizer``.
     """
     root = Path(path)
-    config, st_config = validate_checkpoint(root, load_speech_tokenizer=load_speech_tokenizer,
-                                            load_encoder=load_encoder, load_tokenizer=load_tokenizer)
+    config, st_config = validate_checkpoint(
+        root, load_speech_tokenizer=load_speech_tokenizer, load_encoder=load_encoder, load_tokenizer=load_tokenizer
+    )
     generation = _load_generation(root)
 
     model_file = root / "model.safetensors"
-    model = _build_and_load(lambda: build_main_model(config), model_file,
-                            [s.key for s in main_tensor_specs(config)], "", device, dtype)
+    model = _build_and_load(
+        lambda: build_main_model(config), model_file, [s.key for s in main_tensor_specs(config)], "", device, dtype
+    )
 
     decoder = encoder = None
     st_file = root / "speech_tokenizer" / "model.safetensors"
     if load_speech_tokenizer:
         keys = [s.key for s in speech_tokenizer_tensor_specs(st_config, encoder=False)]
-        decoder = _build_and_load(lambda: build_codec_decoder(st_config), st_file, keys,
-                                  "decoder.", device, torch.float32)
+        decoder = _build_and_load(
+            lambda: build_codec_decoder(st_config), st_file, keys, "decoder.", device, torch.float32
+        )
     if load_encoder:
         keys = [s.key for s in speech_tokenizer_tensor_specs(st_config, decoder=False)]
-        encoder = _build_and_load(lambda: build_codec_encoder(st_config), st_file, keys,
-                                  "encoder.", device, torch.float32)
+        encoder = _build_and_load(
+            lambda: build_codec_encoder(st_config), st_file, keys, "encoder.", device, torch.float32
+        )
 
     tokenizer = None
     if load_tokenizer:
         from triton_qwen3_tts.model.text import load_text_tokenizer
+
         tokenizer = load_text_tokenizer(root)
 
-    return LoadedCheckpoint(path=root, config=config, generation=generation,
-                            speech_tokenizer_config=st_config, model=model, decoder=decoder,
-                            encoder=encoder, tokenizer=tokenizer)
+    return LoadedCheckpoint(
+        path=root,
+        config=config,
+        generation=generation,
+        speech_tokenizer_config=st_config,
+        model=model,
+        decoder=decoder,
+        encoder=encoder,
+        tokenizer=tokenizer,
+    )

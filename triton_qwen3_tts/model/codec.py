@@ -52,8 +52,7 @@ class CausalConv(nn.Module):
     ``ceil(L/s)*s - L``), which is 0 for stride 1 -- the only stride this decoder uses.
     """
 
-    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, stride: int = 1,
-                 groups: int = 1) -> None:
+    def __init__(self, cin: int, cout: int, kernel: int, dilation: int = 1, stride: int = 1, groups: int = 1) -> None:
         super().__init__()
         self.conv = nn.Conv1d(cin, cout, kernel, stride=stride, dilation=dilation, groups=groups)
         self.stride = stride
@@ -131,8 +130,9 @@ class DecoderBlock(nn.Module):
 
     def __init__(self, cin: int, cout: int, rate: int) -> None:
         super().__init__()
-        self.block = nn.ModuleList([SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate)]
-                                   + [ResidualUnit(cout, d) for d in (1, 3, 9)])
+        self.block = nn.ModuleList(
+            [SnakeBeta(cin), CausalTransConv(cin, cout, 2 * rate, rate)] + [ResidualUnit(cout, d) for d in (1, 3, 9)]
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for m in self.block:
@@ -237,8 +237,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def sliding_window_mask(t: int | torch.Tensor, window: int, dtype: torch.dtype,
-                        device: torch.device) -> torch.Tensor:
+def sliding_window_mask(t: int | torch.Tensor, window: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Additive mask ``[t, t]``: 0 where ``0 <= q - k < window``, -inf elsewhere.
 
     Built from ``arange`` so it traces with a symbolic ``t`` (no HF masking utilities). The
@@ -262,8 +261,7 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv_heads * hd, bias=False)
         self.o_proj = nn.Linear(h * hd, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -272,7 +270,7 @@ class Attention(nn.Module):
         if self.kv_heads != self.heads:  # config constant (16/16 in the real decoder)
             rep = self.heads // self.kv_heads
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        att = (q @ k.transpose(-1, -2)) * (self.head_dim ** -0.5) + mask
+        att = (q @ k.transpose(-1, -2)) * (self.head_dim**-0.5) + mask
         att = torch.softmax(att.float(), dim=-1).to(q.dtype)
         return self.o_proj((att @ v).transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
@@ -302,8 +300,7 @@ class TransformerLayer(nn.Module):
         self.self_attn_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
         self.mlp_layer_scale = LayerScale(cfg.hidden_size, cfg.layer_scale_initial_scale)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
         return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
 
@@ -319,11 +316,12 @@ class PreTransformer(nn.Module):
         self.input_proj = nn.Linear(cfg.latent_dim, cfg.hidden_size)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
         exponent = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim
-        inv = 1.0 / (cfg.rope_theta ** exponent)
+        inv = 1.0 / (cfg.rope_theta**exponent)
         self.register_buffer("inv_freq", inv, persistent=False)  # not in the checkpoint
 
-    def rope(self, t: int | torch.Tensor, dtype: torch.dtype,
-             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(
+        self, t: int | torch.Tensor, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``[1, 1, t, head_dim]`` for positions 0..t-1 (computed in fp32)."""
         pos = torch.arange(t, device=device).float()
         freqs = pos[:, None] * self.inv_freq.float()[None]
@@ -355,10 +353,11 @@ class CodecDecoder(nn.Module):
         self.pre_transformer = PreTransformer(cfg)
         self.upsample = nn.ModuleList(
             nn.ModuleList([CausalTransConv(cfg.latent_dim, cfg.latent_dim, r, r), ConvNeXt(cfg.latent_dim)])
-            for r in cfg.upsampling_ratios)
+            for r in cfg.upsampling_ratios
+        )
         dec: List[nn.Module] = [CausalConv(cfg.latent_dim, cfg.decoder_dim, 7)]
         for i, rate in enumerate(cfg.upsample_rates):
-            dec.append(DecoderBlock(cfg.decoder_dim // 2 ** i, cfg.decoder_dim // 2 ** (i + 1), rate))
+            dec.append(DecoderBlock(cfg.decoder_dim // 2**i, cfg.decoder_dim // 2 ** (i + 1), rate))
         out_dim = cfg.decoder_dim // 2 ** len(cfg.upsample_rates)
         dec += [SnakeBeta(out_dim), CausalConv(out_dim, 1, 7)]
         self.decoder = nn.ModuleList(dec)
@@ -392,7 +391,7 @@ class CodecDecoder(nn.Module):
         t = codes.shape[1]
         if isinstance(left_context, bool) or not isinstance(left_context, int) or not 0 <= left_context < t:
             raise ValueError(f"left_context must be an int in [0, {t}), got {left_context!r}")
-        return self.decode(codes)[:, left_context * self.samples_per_frame:]
+        return self.decode(codes)[:, left_context * self.samples_per_frame :]
 
     def decode_official(self, codes: torch.Tensor, chunk: int = 300, context: int = 25) -> torch.Tensor:
         """The official non-streaming ``chunked_decode`` of one utterance (spec 5.4):
@@ -403,7 +402,7 @@ class CodecDecoder(nn.Module):
         while start < total:
             end = min(start + chunk, total)
             ctx = context if start - context > 0 else start  # the official rule, verbatim in effect
-            out.append(self.forward(c[..., start - ctx:end])[0, 0, ctx * self.samples_per_frame:])
+            out.append(self.forward(c[..., start - ctx : end])[0, 0, ctx * self.samples_per_frame :])
             start = end
         return torch.cat(out)
 
@@ -455,8 +454,9 @@ def init_random_codec_weights(decoder: CodecDecoder, seed: int = 0, audible: boo
 
 
 @torch.no_grad()
-def measure_window_error(decoder: CodecDecoder, codes: torch.Tensor, contexts: Iterable[int],
-                         new_frames: int = 25) -> Dict[int, float]:
+def measure_window_error(
+    decoder: CodecDecoder, codes: torch.Tensor, contexts: Iterable[int], new_frames: int = 25
+) -> Dict[int, float]:
     """Max-abs error of windowed decoding against whole-utterance decoding.
 
     The last ``new_frames`` frames of ``codes [T, 16]`` are decoded once with the whole
@@ -468,7 +468,7 @@ def measure_window_error(decoder: CodecDecoder, codes: torch.Tensor, contexts: I
         raise ValueError(f"new_frames must be in (0, {t}], got {new_frames}")
     spf = decoder.samples_per_frame
     start = t - new_frames
-    ref = decoder.decode(codes[None])[0, start * spf:]
+    ref = decoder.decode(codes[None])[0, start * spf :]
     out: Dict[int, float] = {}
     for ctx in contexts:
         c0 = max(0, start - int(ctx))
@@ -485,16 +485,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from triton_qwen3_tts.model import presets
 
     p = argparse.ArgumentParser(description="Codec decoder utilities")
-    p.add_argument("--measure-window-error", action="store_true",
-                   help="print max-abs error of windowed vs whole decode per left context")
+    p.add_argument(
+        "--measure-window-error",
+        action="store_true",
+        help="print max-abs error of windowed vs whole decode per left context",
+    )
     p.add_argument("--preset", default="tiny", help="presets.speech_tokenizer_config name")
     p.add_argument("--frames", type=int, default=300, help="utterance length in frames")
     p.add_argument("--new-frames", type=int, default=25, help="frames compared at the end")
     p.add_argument("--contexts", type=int, nargs="+", default=list(DEFAULT_CONTEXTS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0], help="weights+codes seeds")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--official-init", action="store_true",
-                   help="LayerScale 0.01 / gamma 1e-6 (the official init values) instead of 0.1 / 0.1")
+    p.add_argument(
+        "--official-init",
+        action="store_true",
+        help="LayerScale 0.01 / gamma 1e-6 (the official init values) instead of 0.1 / 0.1",
+    )
     a = p.parse_args(argv)
     if not a.measure_window_error:
         p.print_help()
@@ -502,9 +508,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on GPUs too
     torch.backends.cudnn.allow_tf32 = False
     cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config(a.preset)["decoder_config"])
-    print(f"preset={a.preset} layers={cfg.num_hidden_layers} window={cfg.sliding_window} "
-          f"frames={a.frames} new_frames={a.new_frames} device={a.device} "
-          f"init={'official' if a.official_init else 'audible'}")
+    print(
+        f"preset={a.preset} layers={cfg.num_hidden_layers} window={cfg.sliding_window} "
+        f"frames={a.frames} new_frames={a.new_frames} device={a.device} "
+        f"init={'official' if a.official_init else 'audible'}"
+    )
     for seed in a.seeds:
         dec = init_random_codec_weights(CodecDecoder(cfg), seed, audible=not a.official_init)
         dec = dec.eval().to(a.device)

@@ -51,8 +51,10 @@ class CodecEncoder(MimiModel):
         self.valid_num_quantizers = int(valid_num_quantizers)
         self.downsample_rate = int(downsample_rate)
         if not config.num_semantic_quantizers <= self.valid_num_quantizers <= config.num_quantizers:
-            raise ValueError(f"valid_num_quantizers={valid_num_quantizers} must lie in "
-                             f"[{config.num_semantic_quantizers}, {config.num_quantizers}]")
+            raise ValueError(
+                f"valid_num_quantizers={valid_num_quantizers} must lie in "
+                f"[{config.num_semantic_quantizers}, {config.num_quantizers}]"
+            )
         self.register_load_state_dict_post_hook(lambda module, _keys: module.clear_codebook_cache())
 
     def clear_codebook_cache(self) -> None:
@@ -82,15 +84,18 @@ def build_codec_encoder(st_config: Union[SpeechTokenizerConfig, Mapping[str, Any
         st_config = SpeechTokenizerConfig.from_dict(st_config)
     if not st_config.encoder:
         raise ValueError("speech_tokenizer/config.json has no encoder_config")
-    enc = CodecEncoder(MimiConfig(**dict(st_config.encoder)),
-                       valid_num_quantizers=st_config.encoder_valid_num_quantizers,
-                       downsample_rate=st_config.encode_downsample_rate)
+    enc = CodecEncoder(
+        MimiConfig(**dict(st_config.encoder)),
+        valid_num_quantizers=st_config.encoder_valid_num_quantizers,
+        downsample_rate=st_config.encode_downsample_rate,
+    )
     return enc.eval()
 
 
 @torch.no_grad()
-def encode_reference(encoder: CodecEncoder, wav_24k: Union[np.ndarray, torch.Tensor],
-                     valid_quantizers: int | None = None) -> np.ndarray:
+def encode_reference(
+    encoder: CodecEncoder, wav_24k: Union[np.ndarray, torch.Tensor], valid_quantizers: int | None = None
+) -> np.ndarray:
     """Codes ``[T, valid_quantizers]`` int64 of one mono 24 kHz waveform ``[samples]``.
 
     ``T = ceil(samples / 1920)``. ``valid_quantizers`` defaults to the encoder's
@@ -98,8 +103,9 @@ def encode_reference(encoder: CodecEncoder, wav_24k: Union[np.ndarray, torch.Ten
     """
     nq = encoder.valid_num_quantizers if valid_quantizers is None else int(valid_quantizers)
     if not encoder.config.num_semantic_quantizers <= nq <= encoder.config.num_quantizers:
-        raise ValueError(f"valid_quantizers={nq} outside [{encoder.config.num_semantic_quantizers}, "
-                         f"{encoder.config.num_quantizers}]")
+        raise ValueError(
+            f"valid_quantizers={nq} outside [{encoder.config.num_semantic_quantizers}, {encoder.config.num_quantizers}]"
+        )
     if isinstance(wav_24k, np.ndarray):
         wav = torch.from_numpy(np.ascontiguousarray(wav_24k, dtype=np.float32))
     elif isinstance(wav_24k, torch.Tensor):
@@ -112,8 +118,9 @@ def encode_reference(encoder: CodecEncoder, wav_24k: Union[np.ndarray, torch.Ten
     codes = encoder.encode_codes(wav.to(device=p.device, dtype=p.dtype).unsqueeze(0), nq)[0]  # [nq, F]
     frames = math.ceil(wav.shape[0] / encoder.downsample_rate)
     if codes.shape[-1] < frames:
-        raise RuntimeError(f"Mimi returned {codes.shape[-1]} frames for {wav.shape[0]} samples, "
-                           f"expected at least {frames}")
+        raise RuntimeError(
+            f"Mimi returned {codes.shape[-1]} frames for {wav.shape[0]} samples, expected at least {frames}"
+        )
     return codes[:, :frames].transpose(0, 1).to(device="cpu", dtype=torch.int64).numpy()
 
 

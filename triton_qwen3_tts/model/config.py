@@ -146,15 +146,11 @@ class TalkerConfig:
             dialect[name.lower()] = v if isinstance(v, str) and v else None
         for name in spk_id:
             if name not in dialect:
-                raise ConfigError(
-                    f"{w}.spk_is_dialect has no entry for speaker '{name}' (every speaker needs one)"
-                )
+                raise ConfigError(f"{w}.spk_is_dialect has no entry for speaker '{name}' (every speaker needs one)")
         langs = {k.lower(): int(v) for k, v in dict(_get(d, "codec_language_id", w)).items()}
         for name, dia in dialect.items():
             if dia is not None and dia not in langs:
-                raise ConfigError(
-                    f"{w}.spk_is_dialect['{name}'] = '{dia}' is not in codec_language_id"
-                )
+                raise ConfigError(f"{w}.spk_is_dialect['{name}'] = '{dia}' is not in codec_language_id")
         rope_scaling = d.get("rope_scaling")
         if rope_scaling is not None:
             # S1 reads both keys unconditionally; the values are irrelevant because with three
@@ -245,7 +241,7 @@ class Qwen3TTSConfig:
 
     @property
     def supported_languages(self) -> list:
-        """"auto" plus every language id that is not a dialect (spec 1.5)."""
+        """ "auto" plus every language id that is not a dialect (spec 1.5)."""
         return ["auto"] + sorted(k for k in self.talker.codec_language_id if "dialect" not in k)
 
     @property
@@ -263,9 +259,7 @@ class Qwen3TTSConfig:
             raise ConfigError(f"{w}: tokenizer_type {tt!r} is not supported (only the 12 Hz tokenizer)")
         model_type = str(_get(d, "tts_model_type", w))
         if model_type not in MODEL_TYPE_TO_TASK:
-            raise ConfigError(
-                f"{w}: tts_model_type {model_type!r}; expected one of {sorted(MODEL_TYPE_TO_TASK)}"
-            )
+            raise ConfigError(f"{w}: tts_model_type {model_type!r}; expected one of {sorted(MODEL_TYPE_TO_TASK)}")
         talker = TalkerConfig.from_dict(_get(d, "talker_config", w))
         spk = None
         if model_type == "base":

@@ -43,7 +43,8 @@ class PromptEmbedder(nn.Module):
         self.text_projection = _TextProjection(t.text_hidden_size, t.hidden_size)
         self.codec_embedding = nn.Embedding(t.vocab_size, t.hidden_size)
         self.residual_embeddings = nn.ModuleList(
-            nn.Embedding(t.code_predictor.vocab_size, t.hidden_size) for _ in range(t.num_code_groups - 1))
+            nn.Embedding(t.code_predictor.vocab_size, t.hidden_size) for _ in range(t.num_code_groups - 1)
+        )
 
     # checkpoint key -> our parameter name
     @staticmethod

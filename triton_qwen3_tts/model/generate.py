@@ -36,10 +36,15 @@ def _check_embeds(name: str, t: torch.Tensor, dims: int, width: int) -> None:
 
 
 @torch.no_grad()  # not inference_mode: callers may reuse the codes in autograd-tracked code
-def generate_codes(talker: Talker, prompt_embeds: torch.Tensor, trailing: torch.Tensor,
-                   tts_pad_embed: torch.Tensor, params: SamplingParams,
-                   generator: Optional[torch.Generator] = None,
-                   on_frame: Optional[Callable[[torch.Tensor], None]] = None) -> torch.Tensor:
+def generate_codes(
+    talker: Talker,
+    prompt_embeds: torch.Tensor,
+    trailing: torch.Tensor,
+    tts_pad_embed: torch.Tensor,
+    params: SamplingParams,
+    generator: Optional[torch.Generator] = None,
+    on_frame: Optional[Callable[[torch.Tensor], None]] = None,
+) -> torch.Tensor:
     """Generate the codec frames of one request.
 
     Args:

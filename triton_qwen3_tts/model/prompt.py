@@ -182,8 +182,11 @@ def validate_request(config: Qwen3TTSConfig, req: PromptRequest) -> PromptReques
     if task is None:
         raise PromptError("task_type", f"unknown task type {req.task_type!r}; allowed: {_allowed(TASK_TYPES)}")
     if task != config.task_type:
-        raise PromptError("task_type", f"{task} is not served by this checkpoint "
-                                       f"(tts_model_type={config.tts_model_type}); allowed: {config.task_type}")
+        raise PromptError(
+            "task_type",
+            f"{task} is not served by this checkpoint "
+            f"(tts_model_type={config.tts_model_type}); allowed: {config.task_type}",
+        )
 
     # text
     text = _opt_str("text", req.text)
@@ -196,9 +199,12 @@ def validate_request(config: Qwen3TTSConfig, req: PromptRequest) -> PromptReques
     if lang not in supported:
         if lang in config.talker.codec_language_id:  # a dialect tag
             users = sorted(s for s, d in config.talker.spk_is_dialect.items() if d == lang)
-            raise PromptError("language", f"dialect {lang!r} cannot be selected directly; it is used "
-                                          f"automatically for speaker(s) {_allowed(users)} with language "
-                                          f"chinese or auto; allowed: {_allowed(supported)}")
+            raise PromptError(
+                "language",
+                f"dialect {lang!r} cannot be selected directly; it is used "
+                f"automatically for speaker(s) {_allowed(users)} with language "
+                f"chinese or auto; allowed: {_allowed(supported)}",
+            )
         raise PromptError("language", f"unsupported language {req.language!r}; allowed: {_allowed(supported)}")
 
     # speaker
@@ -237,11 +243,17 @@ def validate_request(config: Qwen3TTSConfig, req: PromptRequest) -> PromptReques
         ref_text, ref_codes = None, None  # official: x-vector-only ignores them
     else:
         if ref_codes is None:
-            raise PromptError("ref_codes", "are required for in-context cloning (Base); set "
-                                           "x_vector_only=True to clone from the speaker x-vector alone")
+            raise PromptError(
+                "ref_codes",
+                "are required for in-context cloning (Base); set "
+                "x_vector_only=True to clone from the speaker x-vector alone",
+            )
         if ref_text is None:
-            raise PromptError("ref_text", "is required for in-context cloning (Base); set "
-                                          "x_vector_only=True to clone from the speaker x-vector alone")
+            raise PromptError(
+                "ref_text",
+                "is required for in-context cloning (Base); set "
+                "x_vector_only=True to clone from the speaker x-vector alone",
+            )
         ref_codes = _check_ref_codes(config, ref_codes)
 
     # mode
@@ -251,9 +263,18 @@ def validate_request(config: Qwen3TTSConfig, req: PromptRequest) -> PromptReques
     elif not isinstance(nsm, (bool, np.bool_)):
         raise PromptError("non_streaming_mode", f"must be a bool or None, got {type(nsm).__name__}")
 
-    return dataclasses.replace(req, task_type=task, text=text, language=lang, speaker=spk, instruct=ins,
-                               ref_text=ref_text, ref_codes=ref_codes, x_vector_only=xvec,
-                               non_streaming_mode=bool(nsm))
+    return dataclasses.replace(
+        req,
+        task_type=task,
+        text=text,
+        language=lang,
+        speaker=spk,
+        instruct=ins,
+        ref_text=ref_text,
+        ref_codes=ref_codes,
+        x_vector_only=xvec,
+        non_streaming_mode=bool(nsm),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,9 +297,13 @@ def _language_tag(config: Qwen3TTSConfig, req: PromptRequest) -> Optional[int]:
     return lang_id
 
 
-def build_layout(config: Qwen3TTSConfig, req: PromptRequest, text_ids: Sequence[int],
-                 instruct_ids: Optional[Sequence[int]] = None,
-                 ref_ids: Optional[Sequence[int]] = None) -> PromptLayout:
+def build_layout(
+    config: Qwen3TTSConfig,
+    req: PromptRequest,
+    text_ids: Sequence[int],
+    instruct_ids: Optional[Sequence[int]] = None,
+    ref_ids: Optional[Sequence[int]] = None,
+) -> PromptLayout:
     """Build the layout from already tokenized strings (pure; ``req`` must be validated).
 
     ``text_ids`` is the whole :func:`text.assistant_text_ids` list, ``instruct_ids`` the whole
@@ -289,8 +314,11 @@ def build_layout(config: Qwen3TTSConfig, req: PromptRequest, text_ids: Sequence[
     role = [config.im_start_token_id, config.assistant_token_id, text_mod.NEWLINE_ID]
     ids = [int(i) for i in text_ids]
     if len(ids) < 9 or ids[:3] != role or ids[-5:] != [config.im_end_token_id, text_mod.NEWLINE_ID] + role:
-        raise PromptError("text", "tokenized target text does not follow the template "
-                                  "<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n")
+        raise PromptError(
+            "text",
+            "tokenized target text does not follow the template "
+            "<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n",
+        )
     body = ids[3:-5]
     if not body:
         raise PromptError("text", "tokenizes to no tokens")
@@ -341,8 +369,10 @@ def build_layout(config: Qwen3TTSConfig, req: PromptRequest, text_ids: Sequence[
             raise PromptError("ref_text", "reference text ids are missing")
         rids = [int(i) for i in ref_ids]
         if len(rids) < 5 or rids[:3] != role or rids[-2:] != [config.im_end_token_id, text_mod.NEWLINE_ID]:
-            raise PromptError("ref_text", "tokenized reference text does not follow the template "
-                                          "<|im_start|>assistant\\n{ref_text}<|im_end|>\\n")
+            raise PromptError(
+                "ref_text",
+                "tokenized reference text does not follow the template <|im_start|>assistant\\n{ref_text}<|im_end|>\\n",
+            )
         y = rids[3:-2] + body + [eos_t]
         n_z = 1 + ref_codes.shape[0]  # Z = [C(bos), F(ref_1) .. F(ref_R)]
         if nsm:
@@ -395,9 +425,14 @@ def build_layout(config: Qwen3TTSConfig, req: PromptRequest, text_ids: Sequence[
 MAX_TOKENS_PER_CHAR = 4
 
 
-def max_prompt_rows(config: Qwen3TTSConfig, max_text_chars: int, max_instruct_chars: int = 0,
-                    max_ref_text_chars: int = 0, max_ref_frames: int = 0,
-                    non_streaming: Optional[bool] = None) -> int:
+def max_prompt_rows(
+    config: Qwen3TTSConfig,
+    max_text_chars: int,
+    max_instruct_chars: int = 0,
+    max_ref_text_chars: int = 0,
+    max_ref_frames: int = 0,
+    non_streaming: Optional[bool] = None,
+) -> int:
     """The most prompt rows (talker positions before the first frame) :func:`build_layout` can
     produce for a request of this checkpoint's task type whose strings are at most these lengths
     in characters (``len(str)``), with at most ``max_ref_frames`` reference frames (ICL).
@@ -417,8 +452,12 @@ def max_prompt_rows(config: Qwen3TTSConfig, max_text_chars: int, max_instruct_ch
 
     ``non_streaming`` None is the task's default (the talker model always uses it).
     """
-    for name, v in (("max_text_chars", max_text_chars), ("max_instruct_chars", max_instruct_chars),
-                    ("max_ref_text_chars", max_ref_text_chars), ("max_ref_frames", max_ref_frames)):
+    for name, v in (
+        ("max_text_chars", max_text_chars),
+        ("max_instruct_chars", max_instruct_chars),
+        ("max_ref_text_chars", max_ref_text_chars),
+        ("max_ref_frames", max_ref_frames),
+    ):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"{name} must be an int >= 0, got {v!r}")
     task = config.task_type

@@ -31,9 +31,18 @@ import torch
 from triton_qwen3_tts.model.config import GenerationDefaults
 
 __all__ = [
-    "SamplingParams", "apply_repetition_penalty", "mask_eos_before_min_tokens", "suppress_special_ids",
-    "apply_temperature", "top_k_filter", "top_p_filter", "process_c0_logits", "warp_and_sample",
-    "sample_c0", "sample_residual", "gumbel_from_bits",
+    "SamplingParams",
+    "apply_repetition_penalty",
+    "mask_eos_before_min_tokens",
+    "suppress_special_ids",
+    "apply_temperature",
+    "top_k_filter",
+    "top_p_filter",
+    "process_c0_logits",
+    "warp_and_sample",
+    "sample_c0",
+    "sample_residual",
+    "gumbel_from_bits",
 ]
 
 
@@ -131,6 +140,7 @@ class SamplingParams:
 # Individual processors (each on fp32 logits [B, V]; each returns a new tensor)
 # --------------------------------------------------------------------------------------------
 
+
 def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalty: float) -> torch.Tensor:
     """HF ``RepetitionPenaltyLogitsProcessor``: every id in ``history [B, n]`` gets
     ``logit / penalty`` if its logit is > 0, else ``logit * penalty`` (once, however often it
@@ -143,8 +153,9 @@ def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalt
     return out.scatter(1, history, prev)
 
 
-def mask_eos_before_min_tokens(logits: torch.Tensor, num_generated: int, min_new_tokens: int,
-                               eos_id: int) -> torch.Tensor:
+def mask_eos_before_min_tokens(
+    logits: torch.Tensor, num_generated: int, min_new_tokens: int, eos_id: int
+) -> torch.Tensor:
     """HF ``MinNewTokensLengthLogitsProcessor``: EOS is -inf while ``num_generated`` (tokens
     already sampled) is below ``min_new_tokens``."""
     out = logits.clone()
@@ -192,8 +203,10 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 # Composed steps
 # --------------------------------------------------------------------------------------------
 
-def process_c0_logits(logits: torch.Tensor, history: torch.Tensor, num_generated: int, p: SamplingParams,
-                      eos_id: int, codebook_size: int) -> torch.Tensor:
+
+def process_c0_logits(
+    logits: torch.Tensor, history: torch.Tensor, num_generated: int, p: SamplingParams, eos_id: int, codebook_size: int
+) -> torch.Tensor:
     """Steps 1-3 (applied in greedy mode too) on codebook-0 logits ``[B, V]``; returns fp32.
 
     ``history`` ``[B, n]``: the c0 ids sampled so far in each row; ``num_generated``: how
@@ -210,8 +223,14 @@ def process_c0_logits(logits: torch.Tensor, history: torch.Tensor, num_generated
     return suppress_special_ids(out, codebook_size, eos_id)
 
 
-def warp_and_sample(logits: torch.Tensor, do_sample: bool, temperature: float, top_k: int, top_p: float,
-                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def warp_and_sample(
+    logits: torch.Tensor,
+    do_sample: bool,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
     """Steps 4-7: temperature, top-k, top-p, multinomial; argmax when not sampling. ``[B, V] -> [B]``.
 
     The draw uses ``generator`` (seedable, per request); None uses torch's global RNG.
@@ -224,15 +243,23 @@ def warp_and_sample(logits: torch.Tensor, do_sample: bool, temperature: float, t
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def sample_c0(logits: torch.Tensor, history: torch.Tensor, p: SamplingParams, eos_id: int, codebook_size: int,
-              generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def sample_c0(
+    logits: torch.Tensor,
+    history: torch.Tensor,
+    p: SamplingParams,
+    eos_id: int,
+    codebook_size: int,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
     """All seven codebook-0 steps: ``[B, V]`` logits and ``[B, n]`` history -> ids ``[B]``."""
     scores = process_c0_logits(logits, history, history.shape[1], p, eos_id, codebook_size)
     return warp_and_sample(scores, p.do_sample, p.temperature, p.top_k, p.top_p, generator)
 
 
-def sample_residual(logits: torch.Tensor, p: SamplingParams,
-                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def sample_residual(
+    logits: torch.Tensor, p: SamplingParams, generator: Optional[torch.Generator] = None
+) -> torch.Tensor:
     """A residual codebook (1..15): sub-talker temperature, top-k, top-p, or argmax. ``[B, V] -> [B]``."""
-    return warp_and_sample(logits, p.subtalker_dosample, p.subtalker_temperature, p.subtalker_top_k,
-                           p.subtalker_top_p, generator)
+    return warp_and_sample(
+        logits, p.subtalker_dosample, p.subtalker_temperature, p.subtalker_top_k, p.subtalker_top_p, generator
+    )

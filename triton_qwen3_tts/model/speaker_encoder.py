@@ -37,8 +37,7 @@ _STD_EPS = 1e-12  # clamp of the variance before sqrt in the pooling statistics
 
 
 def _conv(in_ch: int, out_ch: int, kernel_size: int = 1, dilation: int = 1) -> nn.Conv1d:
-    return nn.Conv1d(in_ch, out_ch, kernel_size, dilation=dilation, padding="same",
-                     padding_mode="reflect")
+    return nn.Conv1d(in_ch, out_ch, kernel_size, dilation=dilation, padding="same", padding_mode="reflect")
 
 
 class _TDNN(nn.Module):
@@ -92,8 +91,7 @@ class _SqueezeExcite(nn.Module):
 class _SERes2NetBlock(nn.Module):
     """TDNN(1x1) -> Res2Net -> TDNN(1x1) -> SE, plus the identity residual."""
 
-    def __init__(self, in_ch: int, out_ch: int, scale: int, se_channels: int, kernel_size: int,
-                 dilation: int):
+    def __init__(self, in_ch: int, out_ch: int, scale: int, se_channels: int, kernel_size: int, dilation: int):
         super().__init__()
         if in_ch != out_ch:
             # The official block adds the residual without a projection.
@@ -152,11 +150,14 @@ class SpeakerEncoder(nn.Module):
         self.config = cfg
         self.blocks = nn.ModuleList([_TDNN(cfg.mel_dim, ch[0], ks[0], dil[0])])
         for i in range(1, len(ch) - 1):
-            self.blocks.append(_SERes2NetBlock(ch[i - 1], ch[i], cfg.enc_res2net_scale,
-                                               cfg.enc_se_channels, ks[i], dil[i]))
+            self.blocks.append(
+                _SERes2NetBlock(ch[i - 1], ch[i], cfg.enc_res2net_scale, cfg.enc_se_channels, ks[i], dil[i])
+            )
         if sum(ch[1:-1]) != ch[-1]:
-            raise ValueError(f"enc_channels[-1]={ch[-1]} must equal the sum of the SE-Res2Net block "
-                             f"widths {sum(ch[1:-1])} (MFA concatenates them)")
+            raise ValueError(
+                f"enc_channels[-1]={ch[-1]} must equal the sum of the SE-Res2Net block "
+                f"widths {sum(ch[1:-1])} (MFA concatenates them)"
+            )
         self.mfa = _TDNN(ch[-1], ch[-1], ks[-1], dil[-1])
         self.asp = _AttentiveStatsPool(ch[-1], cfg.enc_attention_channels)
         self.fc = _conv(ch[-1] * 2, cfg.enc_dim)
@@ -179,8 +180,7 @@ class SpeakerEncoder(nn.Module):
 
 
 @torch.inference_mode()
-def extract_speaker_embedding(encoder: SpeakerEncoder,
-                              wav_24k: Union[np.ndarray, torch.Tensor]) -> torch.Tensor:
+def extract_speaker_embedding(encoder: SpeakerEncoder, wav_24k: Union[np.ndarray, torch.Tensor]) -> torch.Tensor:
     """x-vector ``[enc_dim]`` of one mono 24 kHz waveform (official ``extract_speaker_embedding``).
 
     The mel is computed where the waveform lives (CPU for numpy input, as the official code
@@ -204,4 +204,4 @@ def init_random_speaker_encoder_weights(encoder: SpeakerEncoder, seed: int) -> N
                 p.zero_()
             else:
                 fan_in = p.shape[1] * p.shape[2]
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in ** 0.5)
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)

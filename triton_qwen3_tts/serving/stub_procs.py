@@ -62,12 +62,13 @@ def is_alive(pid: int, proc: str = "/proc") -> bool:
     if stat is None:
         return False
     # the state follows the parenthesised command name, which may itself hold spaces or ')'
-    state = stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3]
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
     return state not in (b"Z", b"X")
 
 
-def find_stubs(parent_pid: Optional[int] = None, models: Optional[Iterable[str]] = None,
-               proc: str = "/proc") -> List[Stub]:
+def find_stubs(
+    parent_pid: Optional[int] = None, models: Optional[Iterable[str]] = None, proc: str = "/proc"
+) -> List[Stub]:
     """Live stub processes, optionally only those of the server ``parent_pid`` and of ``models``."""
     wanted = None if models is None else set(models)
     out = []
@@ -98,8 +99,9 @@ class StubWatch:
     before that is no longer alive is returned once. ``find`` and ``alive`` are injectable for
     tests."""
 
-    def __init__(self, parent_pid: Optional[int], models: Optional[Iterable[str]] = None,
-                 find=find_stubs, alive=is_alive):
+    def __init__(
+        self, parent_pid: Optional[int], models: Optional[Iterable[str]] = None, find=find_stubs, alive=is_alive
+    ):
         self.parent_pid = parent_pid
         self.models = None if models is None else tuple(models)
         self._find, self._alive = find, alive

@@ -94,8 +94,15 @@ def request_metrics(r: RequestRecord) -> Dict[str, Optional[float]]:
     ttfa = r.ttfa if r.ttfa is not None else first_audio(r.chunks)
     n_under, gap = underruns(r.chunks, r.sample_rate)
     rtf = (r.latency / audio) if (r.latency is not None and audio > 0) else None
-    return {"ttfa": ttfa, "latency": r.latency, "audio_s": audio, "rtf": rtf,
-            "underruns": n_under, "underrun_s": gap, "n_chunks": len([c for c in r.chunks if c[1] > 0])}
+    return {
+        "ttfa": ttfa,
+        "latency": r.latency,
+        "audio_s": audio,
+        "rtf": rtf,
+        "underruns": n_under,
+        "underrun_s": gap,
+        "n_chunks": len([c for c in r.chunks if c[1] > 0]),
+    }
 
 
 def percentile(values: Sequence[float], q: float) -> Optional[float]:
@@ -132,8 +139,9 @@ def wall_seconds(records: Sequence[RequestRecord]) -> float:
     return max(ends) - start
 
 
-def aggregate(records: Sequence[RequestRecord], wall: Optional[float] = None,
-              level: Optional[float] = None, mode: str = "") -> Dict[str, object]:
+def aggregate(
+    records: Sequence[RequestRecord], wall: Optional[float] = None, level: Optional[float] = None, mode: str = ""
+) -> Dict[str, object]:
     """Aggregate one load level. ``wall`` defaults to :func:`wall_seconds`."""
     wall = wall_seconds(records) if wall is None else float(wall)
     ok = [r for r in records if r.ok]

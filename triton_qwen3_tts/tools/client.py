@@ -30,10 +30,23 @@ SAMPLE_RATE = 24000
 
 # client-side name -> (Triton datatype, numpy dtype); BYTES inputs are UTF-8 strings
 _INPUT_TYPES = {
-    "text": "BYTES", "task_type": "BYTES", "speaker": "BYTES", "language": "BYTES", "instruct": "BYTES",
-    "ref_audio": "FP32", "ref_sample_rate": "INT32", "ref_text": "BYTES", "x_vector_only": "BOOL",
-    "voice_id": "BYTES", "sample_format": "BYTES", "stream": "BOOL", "temperature": "FP32",
-    "top_k": "INT32", "seed": "INT64", "max_frames": "INT32", "ignore_eos": "BOOL",
+    "text": "BYTES",
+    "task_type": "BYTES",
+    "speaker": "BYTES",
+    "language": "BYTES",
+    "instruct": "BYTES",
+    "ref_audio": "FP32",
+    "ref_sample_rate": "INT32",
+    "ref_text": "BYTES",
+    "x_vector_only": "BOOL",
+    "voice_id": "BYTES",
+    "sample_format": "BYTES",
+    "stream": "BOOL",
+    "temperature": "FP32",
+    "top_k": "INT32",
+    "seed": "INT64",
+    "max_frames": "INT32",
+    "ignore_eos": "BOOL",
 }
 _NP = {"BYTES": object, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
 
@@ -46,7 +59,9 @@ class TtsError(RuntimeError):
 
     def __init__(self, message: str, code: Optional[str] = None):
         super().__init__(message)
-        m = re.search(r"\[(INVALID_ARG|UNAVAILABLE|CANCELLED|INTERNAL|NOT_FOUND|UNSUPPORTED|ALREADY_EXISTS|UNKNOWN)\]", message)
+        m = re.search(
+            r"\[(INVALID_ARG|UNAVAILABLE|CANCELLED|INTERNAL|NOT_FOUND|UNSUPPORTED|ALREADY_EXISTS|UNKNOWN)\]", message
+        )
         self.code = code or (m.group(1) if m else None)
 
 
@@ -160,8 +175,13 @@ class StreamingClient:
             # the callback is bound to this request's queue: the stream carries nothing else
             client.start_stream(callback=functools.partial(self._deliver, q))
         except InferenceServerException as e:
-            q.put((None, TransportError(f"cannot open a gRPC stream to {self.url}: {e}", "CONNECTION"),
-                   time.perf_counter()))
+            q.put(
+                (
+                    None,
+                    TransportError(f"cannot open a gRPC stream to {self.url}: {e}", "CONNECTION"),
+                    time.perf_counter(),
+                )
+            )
             return rid
         try:
             client.async_stream_infer(self.model, ins, request_id=rid, enable_empty_final_response=True)
@@ -173,8 +193,11 @@ class StreamingClient:
             try:
                 item = q.get(timeout=10.0)
             except queue.Empty:
-                item = (None, TransportError(f"gRPC stream to {self.url} failed: {e}", "CONNECTION"),
-                        time.perf_counter())
+                item = (
+                    None,
+                    TransportError(f"gRPC stream to {self.url} failed: {e}", "CONNECTION"),
+                    time.perf_counter(),
+                )
             q.put(item)
         return rid
 
@@ -220,7 +243,11 @@ class StreamingClient:
                     raise self._error(error, answered)
                 answered = True
                 resp = result.get_response()
-                final = resp.parameters["triton_final_response"].bool_param if "triton_final_response" in resp.parameters else False
+                final = (
+                    resp.parameters["triton_final_response"].bool_param
+                    if "triton_final_response" in resp.parameters
+                    else False
+                )
                 audio = result.as_numpy("audio")
                 if audio is not None and audio.size:
                     if ttfa is None:
@@ -319,8 +346,11 @@ def synthesize_http(url: str = "127.0.0.1:8000", model: str = "tts", timeout: fl
         if _INPUT_TYPES[k] == "BYTES":
             v = [x.decode("utf-8") for x in v]
         body[k] = v if k == "ref_audio" else v[0]
-    req = urllib.request.Request(f"http://{url}/v2/models/{model}/generate_stream",
-                                 data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"http://{url}/v2/models/{model}/generate_stream",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     t0 = time.perf_counter()
     parts, chunks, ttfa, sr = [], [], None, SAMPLE_RATE
     try:
@@ -359,11 +389,14 @@ def _allowed_values() -> Dict[str, List[str]]:
     from triton_qwen3_tts.model import presets
     from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES
 
-    return {"task_type": list(TASK_TYPES), "sample_format": list(SAMPLE_FORMATS),
-            "speaker": sorted(presets.SPEAKERS),
-            # as Qwen3TTSConfig.supported_languages: "auto" plus the languages (dialects are implied
-            # by a speaker, not selected)
-            "language": ["auto"] + sorted(presets.LANGUAGES)}
+    return {
+        "task_type": list(TASK_TYPES),
+        "sample_format": list(SAMPLE_FORMATS),
+        "speaker": sorted(presets.SPEAKERS),
+        # as Qwen3TTSConfig.supported_languages: "auto" plus the languages (dialects are implied
+        # by a speaker, not selected)
+        "language": ["auto"] + sorted(presets.LANGUAGES),
+    }
 
 
 def _one_line(text: str) -> str:
@@ -372,9 +405,10 @@ def _one_line(text: str) -> str:
 
 def main(argv=None) -> int:
     allowed = _allowed_values()
-    p = argparse.ArgumentParser(description="Synthesize speech with the triton-qwen3-tts service.",
-                                epilog="A server error is printed as one line 'error: ...' on stderr "
-                                       "(exit status 1).")
+    p = argparse.ArgumentParser(
+        description="Synthesize speech with the triton-qwen3-tts service.",
+        epilog="A server error is printed as one line 'error: ...' on stderr (exit status 1).",
+    )
     p.add_argument("--text", required=True)
     p.add_argument("--out", default="out.wav", help="output WAV (24 kHz)")
     p.add_argument("--url", default=None, help="server address (default 127.0.0.1:8001 gRPC, :8000 with --http)")
@@ -390,8 +424,11 @@ def main(argv=None) -> int:
     p.add_argument("--ref-text")
     p.add_argument("--x-vector-only", action="store_true")
     p.add_argument("--voice-id")
-    p.add_argument("--sample-format", choices=allowed["sample_format"],
-                   help="audio samples: " + " or ".join(allowed["sample_format"]))
+    p.add_argument(
+        "--sample-format",
+        choices=allowed["sample_format"],
+        help="audio samples: " + " or ".join(allowed["sample_format"]),
+    )
     p.add_argument("--no-stream", action="store_true", help="one response with the whole utterance")
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-k", type=int)
@@ -399,9 +436,20 @@ def main(argv=None) -> int:
     p.add_argument("--max-frames", type=int)
     p.add_argument("--ignore-eos", action="store_true", help="fixed length: always generate max_frames")
     a = p.parse_args(argv)
-    kw = dict(text=a.text, task_type=a.task_type, speaker=a.speaker, language=a.language,
-              instruct=a.instruct, ref_text=a.ref_text, voice_id=a.voice_id, sample_format=a.sample_format,
-              temperature=a.temperature, top_k=a.top_k, seed=a.seed, max_frames=a.max_frames)
+    kw = dict(
+        text=a.text,
+        task_type=a.task_type,
+        speaker=a.speaker,
+        language=a.language,
+        instruct=a.instruct,
+        ref_text=a.ref_text,
+        voice_id=a.voice_id,
+        sample_format=a.sample_format,
+        temperature=a.temperature,
+        top_k=a.top_k,
+        seed=a.seed,
+        max_frames=a.max_frames,
+    )
     if a.no_stream:
         kw["stream"] = False
     if a.x_vector_only:
@@ -429,8 +477,10 @@ def main(argv=None) -> int:
 
     sf.write(a.out, res.audio, res.sample_rate)
     ttfa = f"{res.ttfa * 1000:.1f} ms" if res.ttfa is not None else "n/a"
-    print(f"wrote {a.out}: {res.duration:.2f} s of audio in {len(res.chunks)} chunks; "
-          f"time to first audio {ttfa}; total {res.total:.2f} s; real-time factor {res.rtf:.3f}")
+    print(
+        f"wrote {a.out}: {res.duration:.2f} s of audio in {len(res.chunks)} chunks; "
+        f"time to first audio {ttfa}; total {res.total:.2f} s; real-time factor {res.rtf:.3f}"
+    )
     return 0
 
 

@@ -104,8 +104,12 @@ def server_command(
     env = dict(os.environ)
     common = [
         f"--model-repository={repo}",
-        f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
-        f"--http-address={address}", f"--grpc-address={address}", f"--metrics-address={address}",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        f"--http-address={address}",
+        f"--grpc-address={address}",
+        f"--metrics-address={address}",
         "--allow-gpu-metrics=false",
         "--log-verbose=0",
     ] + list(extra_args or [])
@@ -160,8 +164,12 @@ class TritonServer:
                 raise LaunchError(f"port {port} is already in use (another tritonserver still running?)")
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            self.command.argv, env=self.command.env, stdout=self._log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
+            self.command.argv,
+            env=self.command.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
         )
         return self
 
@@ -260,8 +268,16 @@ def _in_use(path: str) -> bool:
     return False
 
 
-def start_server(model_repository: str, http_port: int, grpc_port: int, metrics_port: int,
-                 log_path: str, extra_args=None, ready_timeout: float = 300.0, **kw) -> TritonServer:
+def start_server(
+    model_repository: str,
+    http_port: int,
+    grpc_port: int,
+    metrics_port: int,
+    log_path: str,
+    extra_args=None,
+    ready_timeout: float = 300.0,
+    **kw,
+) -> TritonServer:
     cmd = server_command(model_repository, http_port, grpc_port, metrics_port, extra_args=extra_args, **kw)
     server = TritonServer(cmd, http_port, grpc_port, metrics_port, log_path).start()
     try:
@@ -282,15 +298,21 @@ def main(argv=None) -> int:
     p.add_argument("--log", default="tritonserver.log")
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--server", choices=["auto", "image", "wheel"], default="auto")
-    p.add_argument("--max-restarts", type=int, default=5,
-                   help="restart the server this many times when one of its model processes dies "
-                        "(0: exit with status 3 instead; default 5)")
-    p.add_argument("--stop-timeout", type=float, default=8.0,
-                   help="seconds a stopping server gets before it is killed (default 8)")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=5,
+        help="restart the server this many times when one of its model processes dies "
+        "(0: exit with status 3 instead; default 5)",
+    )
+    p.add_argument(
+        "--stop-timeout", type=float, default=8.0, help="seconds a stopping server gets before it is killed (default 8)"
+    )
     p.add_argument("extra", nargs="*", help="extra tritonserver arguments (after --)")
     a = p.parse_args(argv)
-    cmd = server_command(a.model_repository, a.http_port, a.grpc_port, a.metrics_port, a.address,
-                         a.extra, prefer=a.server)
+    cmd = server_command(
+        a.model_repository, a.http_port, a.grpc_port, a.metrics_port, a.address, a.extra, prefer=a.server
+    )
     server = TritonServer(cmd, a.http_port, a.grpc_port, a.metrics_port, a.log).start()
     print(f"tritonserver ({cmd.kind}) starting; log: {a.log}", flush=True)
     stop = {"flag": False}
@@ -310,12 +332,18 @@ def main(argv=None) -> int:
                 break
             names = ", ".join(f"{s.instance} (pid {s.pid})" for s in dead)
             if restarts >= a.max_restarts:
-                print(f"error: model process {names} died; not restarting (--max-restarts {a.max_restarts})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"error: model process {names} died; not restarting (--max-restarts {a.max_restarts})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return EXIT_STUB_DIED
             restarts += 1
-            print(f"model process {names} died: restarting the server ({restarts}/{a.max_restarts})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"model process {names} died: restarting the server ({restarts}/{a.max_restarts})",
+                file=sys.stderr,
+                flush=True,
+            )
             time.sleep(RESTART_GRACE_S)
             server.stop(a.stop_timeout)
             server.start()

@@ -131,8 +131,9 @@ def _rule(key: str) -> tuple[str, float]:
     return "normal", 0.02
 
 
-def rule_init_value(key: str, shape: Sequence[int], dtype: torch.dtype, seed: int,
-                    file_tag: str = "") -> Iterator[torch.Tensor]:
+def rule_init_value(
+    key: str, shape: Sequence[int], dtype: torch.dtype, seed: int, file_tag: str = ""
+) -> Iterator[torch.Tensor]:
     """Yield the flat values of one tensor in chunks (the ``"fast"`` method; see module doc)."""
     kind, v = _rule(key)
     n = math.prod(shape)
@@ -164,9 +165,16 @@ def _rule_init_module(module: nn.Module, seed: int, file_tag: str) -> None:
 # safetensors streaming writer.
 
 _ST_DTYPES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
 }
 
 
@@ -183,10 +191,13 @@ def _write_tensor_bytes(f, t: torch.Tensor) -> int:
     return b.nbytes
 
 
-def write_safetensors(path: str | os.PathLike, specs: Sequence[TensorSpec],
-                      values: Callable[[TensorSpec], Iterable[torch.Tensor]],
-                      metadata: Optional[Mapping[str, str]] = None,
-                      progress: Optional[Callable[[int], None]] = None) -> None:
+def write_safetensors(
+    path: str | os.PathLike,
+    specs: Sequence[TensorSpec],
+    values: Callable[[TensorSpec], Iterable[torch.Tensor]],
+    metadata: Optional[Mapping[str, str]] = None,
+    progress: Optional[Callable[[int], None]] = None,
+) -> None:
     """Write a ``.safetensors`` file one tensor (or chunk) at a time.
 
     ``values(spec)`` yields the tensor's values (any shape, flattened in order, already in
@@ -200,8 +211,11 @@ def write_safetensors(path: str | os.PathLike, specs: Sequence[TensorSpec],
     for s in specs:
         if s.dtype not in _ST_DTYPES:
             raise TypeError(f"{path}: key '{s.key}': dtype {s.dtype} cannot be stored in safetensors")
-        header[s.key] = {"dtype": _ST_DTYPES[s.dtype], "shape": list(s.shape),
-                         "data_offsets": [offset, offset + s.nbytes]}
+        header[s.key] = {
+            "dtype": _ST_DTYPES[s.dtype],
+            "shape": list(s.shape),
+            "data_offsets": [offset, offset + s.nbytes],
+        }
         offset += s.nbytes
     hb = json.dumps(header, separators=(",", ":")).encode()
     hb += b" " * (-len(hb) % 8)  # 8-byte alignment of the data section, like safetensors itself
@@ -219,8 +233,10 @@ def write_safetensors(path: str | os.PathLike, specs: Sequence[TensorSpec],
                 if progress is not None:
                     progress(n)
             if written != s.nbytes:
-                raise ValueError(f"{path}: key '{s.key}': wrote {written} bytes, expected "
-                                 f"{s.nbytes} for shape {list(s.shape)} {s.dtype}")
+                raise ValueError(
+                    f"{path}: key '{s.key}': wrote {written} bytes, expected "
+                    f"{s.nbytes} for shape {list(s.shape)} {s.dtype}"
+                )
     os.replace(tmp, path)
 
 
@@ -244,16 +260,19 @@ def _helper(module: str, name: str) -> Optional[Callable]:
 
 def _state_values(state: Mapping[str, torch.Tensor], prefix: str = "") -> Callable:
     def values(spec: TensorSpec):
-        t = state[spec.key[len(prefix):]]
+        t = state[spec.key[len(prefix) :]]
         yield t.detach().to(spec.dtype) if t.is_floating_point() else t.detach()
+
     return values
 
 
 def _check_codebooks(specs_and_values: Iterable[tuple[str, torch.Tensor]], where: str) -> None:
     for key, t in specs_and_values:
         if key.endswith("cluster_usage") and not bool((t > 0).all()):
-            raise ValueError(f"{where}: '{key}' has non-positive entries; the codebook would be "
-                             f"embedding_sum/1e-5 (spec 7.2). Fix the init helper.")
+            raise ValueError(
+                f"{where}: '{key}' has non-positive entries; the codebook would be "
+                f"embedding_sum/1e-5 (spec 7.2). Fix the init helper."
+            )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -271,6 +290,7 @@ class _Progress:
         self.bar = None
         if enabled:
             from tqdm import tqdm
+
             self.bar = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=desc)
 
     def __call__(self, n: int) -> None:
@@ -283,8 +303,11 @@ class _Progress:
 
 
 def _write_file(path: Path, specs: list[TensorSpec], values: Callable, progress: bool) -> None:
-    bar = _Progress(progress, sum(s.nbytes for s in specs), path.name if path.parent.name != "speech_tokenizer"
-                    else f"speech_tokenizer/{path.name}")
+    bar = _Progress(
+        progress,
+        sum(s.nbytes for s in specs),
+        path.name if path.parent.name != "speech_tokenizer" else f"speech_tokenizer/{path.name}",
+    )
     try:
         write_safetensors(path, specs, values, progress=bar)
     finally:
@@ -321,8 +344,7 @@ def _write_main(out: Path, config: Qwen3TTSConfig, seed: int, method: str, progr
     specs = main_tensor_specs(config)
     path = out / "model.safetensors"
     if _choose_method(method, specs) == "fast":
-        _write_file(path, specs, lambda s: rule_init_value(s.key, s.shape, s.dtype, seed, "model"),
-                    progress)
+        _write_file(path, specs, lambda s: rule_init_value(s.key, s.shape, s.dtype, seed, "model"), progress)
         return
     torch.manual_seed(seed)  # for any init a module does in its constructor
     model = build_main_model(config)
@@ -330,31 +352,34 @@ def _write_main(out: Path, config: Qwen3TTSConfig, seed: int, method: str, progr
     _write_file(path, specs, _state_values(model.state_dict()), progress)
 
 
-def _write_speech_tokenizer(out: Path, st_config: SpeechTokenizerConfig, seed: int, method: str,
-                            progress: bool) -> None:
+def _write_speech_tokenizer(
+    out: Path, st_config: SpeechTokenizerConfig, seed: int, method: str, progress: bool
+) -> None:
     specs = speech_tokenizer_tensor_specs(st_config)
     path = out / "model.safetensors"
     if _choose_method(method, specs) == "fast":
-        _write_file(path, specs,
-                    lambda s: rule_init_value(s.key, s.shape, s.dtype, seed, "speech_tokenizer"),
-                    progress)
+        _write_file(path, specs, lambda s: rule_init_value(s.key, s.shape, s.dtype, seed, "speech_tokenizer"), progress)
         return
     torch.manual_seed(seed)
     decoder = build_codec_decoder(st_config)
-    _init_with_helper(decoder, _helper("codec", "init_random_codec_weights"), seed,
-                      "speech_tokenizer")
+    _init_with_helper(decoder, _helper("codec", "init_random_codec_weights"), seed, "speech_tokenizer")
     encoder = build_codec_encoder(st_config)
-    _init_with_helper(encoder, _helper("codec_encoder", "init_random_encoder_weights"), seed + 1,
-                      "speech_tokenizer")
+    _init_with_helper(encoder, _helper("codec_encoder", "init_random_encoder_weights"), seed + 1, "speech_tokenizer")
     state = {f"decoder.{k}": v for k, v in decoder.state_dict().items()}
     state.update({f"encoder.{k}": v for k, v in encoder.state_dict().items()})
     _check_codebooks(state.items(), str(path))
     _write_file(path, specs, _state_values(state), progress)
 
 
-def write_random_checkpoint(preset: str, out_dir: str | os.PathLike, seed: int = 0, *,
-                            method: str = "auto", progress: bool = False,
-                            overwrite: bool = False) -> Path:
+def write_random_checkpoint(
+    preset: str,
+    out_dir: str | os.PathLike,
+    seed: int = 0,
+    *,
+    method: str = "auto",
+    progress: bool = False,
+    overwrite: bool = False,
+) -> Path:
     """Write a random checkpoint of ``preset`` (see :data:`presets.PRESETS`) into ``out_dir``.
 
     ``method``: ``"auto"`` (module init for presets up to 64M elements per file, else fast),

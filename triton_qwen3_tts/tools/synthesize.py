@@ -46,8 +46,12 @@ def main(argv=None) -> int:
     from triton_qwen3_tts.model.sampling import SamplingParams
 
     t0 = time.time()
-    ck = load_checkpoint(a.checkpoint, device=a.device, dtype=getattr(torch, a.dtype),
-                         load_encoder=bool(a.ref_audio and not a.x_vector_only))
+    ck = load_checkpoint(
+        a.checkpoint,
+        device=a.device,
+        dtype=getattr(torch, a.dtype),
+        load_encoder=bool(a.ref_audio and not a.x_vector_only),
+    )
     talker = ck.model.talker
     speaker_vec, ref_codes = None, None
     if a.ref_audio:
@@ -62,10 +66,20 @@ def main(argv=None) -> int:
 
             ref_codes = encode_reference(ck.encoder, wav24)
     try:
-        layout = build_prompt(ck.config, ck.tokenizer, PromptRequest(
-            task_type=ck.config.task_type, text=a.text, language=a.language, speaker=a.speaker,
-            instruct=a.instruct, ref_text=a.ref_text, ref_codes=ref_codes,
-            x_vector_only=a.x_vector_only and ck.config.task_type == "Base"))
+        layout = build_prompt(
+            ck.config,
+            ck.tokenizer,
+            PromptRequest(
+                task_type=ck.config.task_type,
+                text=a.text,
+                language=a.language,
+                speaker=a.speaker,
+                instruct=a.instruct,
+                ref_text=a.ref_text,
+                ref_codes=ref_codes,
+                x_vector_only=a.x_vector_only and ck.config.task_type == "Base",
+            ),
+        )
     except PromptError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -86,7 +100,7 @@ def main(argv=None) -> int:
         full = codes if ref_codes is None else torch.cat([torch.as_tensor(ref_codes), codes])
         audio = dec.decode(full[None].to(next(dec.parameters()).device))[0].float().cpu().numpy()
     if ref_codes is not None:  # the reference frames were only decoder context (spec 3.5)
-        audio = audio[len(ref_codes) * dec.samples_per_frame:]
+        audio = audio[len(ref_codes) * dec.samples_per_frame :]
     sf.write(a.out, audio, 24000)
     print(f"wrote {a.out}: {codes.shape[0]} frames, {len(audio) / 24000:.2f} s of audio in {time.time() - t0:.1f} s")
     return 0

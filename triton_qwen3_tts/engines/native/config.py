@@ -10,8 +10,9 @@ import torch
 from triton_qwen3_tts.engines.base import EngineError
 
 
-
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
 def _pos_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
@@ -81,8 +82,10 @@ class NativeEngineConfig:
         if self.max_model_len < 3:
             bad("max_model_len", "must be >= 3 (prompt + at least one frame)")
         if not isinstance(self.device, str) or not (
-                self.device == "cpu" or self.device == "cuda" or
-                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            self.device == "cpu"
+            or self.device == "cuda"
+            or (self.device.startswith("cuda:") and self.device[5:].isdigit())
+        ):
             bad("device", f"{self.device!r}; allowed: 'cpu', 'cuda', 'cuda:N'")
         if self.dtype not in _DTYPES:
             bad("dtype", f"{self.dtype!r}; allowed: {', '.join(_DTYPES)}")

@@ -60,8 +60,15 @@ from triton_qwen3_tts.engines.native.model import NativeModel
 from triton_qwen3_tts.engines.native.graphs import _Graphs
 from triton_qwen3_tts.engines.rng import gumbel_noise, hash_seed
 
-__all__ = ["NativeEngineConfig", "NativeEngine", "NativeModel", "EngineError", "TalkerRequest",
-           "gumbel_noise", "hash_seed"]
+__all__ = [
+    "NativeEngineConfig",
+    "NativeEngine",
+    "NativeModel",
+    "EngineError",
+    "TalkerRequest",
+    "gumbel_noise",
+    "hash_seed",
+]
 
 
 @dataclass(eq=False)
@@ -72,7 +79,7 @@ class _Req:
     key: int
     queue: asyncio.Queue
     slot: int = -1
-    pos: int = 0          # host mirror of the next talker position
+    pos: int = 0  # host mirror of the next talker position
     frames: int = 0
     done: bool = False
     aborted: bool = False
@@ -115,8 +122,9 @@ class NativeEngine:
         self.pf_graphs = False  # prefill graphs captured (keys ("prefill", P, L) in graphs)
 
     @classmethod
-    async def create(cls, checkpoint_dir, config: NativeEngineConfig = NativeEngineConfig(),
-                     talker=None) -> "NativeEngine":
+    async def create(
+        cls, checkpoint_dir, config: NativeEngineConfig = NativeEngineConfig(), talker=None
+    ) -> "NativeEngine":
         """Load the weights (``talker`` may pass an already loaded reference Talker), allocate
         the slots, capture the graphs and start the scheduler."""
         eng = cls(checkpoint_dir, config, talker)
@@ -130,8 +138,13 @@ class NativeEngine:
         if talker is None:
             from triton_qwen3_tts.model.checkpoint import load_checkpoint
 
-            ck = load_checkpoint(self.checkpoint_dir, device=c.device, dtype=c.torch_dtype,
-                                 load_speech_tokenizer=False, load_tokenizer=False)
+            ck = load_checkpoint(
+                self.checkpoint_dir,
+                device=c.device,
+                dtype=c.torch_dtype,
+                load_speech_tokenizer=False,
+                load_tokenizer=False,
+            )
             talker = ck.model.talker
             tts_pad_id = ck.config.tts_pad_token_id
             ck.model.speaker_encoder = None
@@ -140,6 +153,7 @@ class NativeEngine:
         if tts_pad_id is None:
             if self.checkpoint_dir is not None:
                 from triton_qwen3_tts.model.checkpoint import load_talker_config
+
                 tts_pad_id = load_talker_config(self.checkpoint_dir).tts_pad_token_id
             else:
                 tts_pad_id = 151671
@@ -151,17 +165,21 @@ class NativeEngine:
             self.graphs = _Graphs(self.model)
             tps = (False, True) if c.skip_top_p else (True,)
             keys = [(b, cc, tp) for b in c.batch_sizes() for cc in c.ctx_sizes() for tp in tps]
-            self.capture_seconds = self.graphs.capture(
-                self.model.step, keys, order=lambda k: (-k[0], -k[1], k[2]))
+            self.capture_seconds = self.graphs.capture(self.model.step, keys, order=lambda k: (-k[0], -k[1], k[2]))
             if c.use_prefill_graphs:
                 m = self.model
-                keys = [("prefill", p, L) for L in c.prefill_len_sizes() for p in c.batch_sizes()
-                        if p * L <= c.prefill_max_tokens]
+                keys = [
+                    ("prefill", p, L)
+                    for L in c.prefill_len_sizes()
+                    for p in c.batch_sizes()
+                    if p * L <= c.prefill_max_tokens
+                ]
                 m.pf_x.zero_()
                 m.pf_slots.fill_(m.SCR)  # warm-up and capture write the scratch slot only
                 m.pf_last.zero_()
                 self.capture_seconds += self.graphs.capture(
-                    lambda _, p, L: m.prefill_rows(p, L), keys, order=lambda k: (-k[1] * k[2], -k[1]))
+                    lambda _, p, L: m.prefill_rows(p, L), keys, order=lambda k: (-k[1] * k[2], -k[1])
+                )
                 self.pf_graphs = True
 
     async def start(self) -> None:
@@ -196,11 +214,11 @@ class NativeEngine:
         if not (0 < req.top_p <= 1):
             raise EngineError(f"top_p must be in (0, 1], got {req.top_p!r}", field="top_p")
         if not (req.repetition_penalty > 0 and math.isfinite(req.repetition_penalty)):
-            raise EngineError(f"repetition_penalty must be > 0, got {req.repetition_penalty!r}",
-                              field="repetition_penalty")
+            raise EngineError(
+                f"repetition_penalty must be > 0, got {req.repetition_penalty!r}", field="repetition_penalty"
+            )
         if not isinstance(req.min_new_tokens, int) or req.min_new_tokens < 0:
-            raise EngineError(f"min_new_tokens must be an int >= 0, got {req.min_new_tokens!r}",
-                              field="min_new_tokens")
+            raise EngineError(f"min_new_tokens must be an int >= 0, got {req.min_new_tokens!r}", field="min_new_tokens")
         if req.seed is not None and (not isinstance(req.seed, int) or isinstance(req.seed, bool)):
             raise EngineError(f"seed must be an int or None, got {req.seed!r}", field="seed")
         return pe, tr
@@ -260,8 +278,13 @@ class NativeEngine:
             await r.freed.wait()
 
     def stats(self) -> dict:
-        return {"active": len(self._active), "free": self.config.max_num_seqs - len(self._active),
-                "waiting": len(self._waiting), "tracked": len(self._by_id), "steps": self.steps}
+        return {
+            "active": len(self._active),
+            "free": self.config.max_num_seqs - len(self._active),
+            "waiting": len(self._waiting),
+            "tracked": len(self._by_id),
+            "steps": self.steps,
+        }
 
     def shutdown(self) -> None:
         self._closed = True
@@ -305,9 +328,25 @@ class NativeEngine:
         m = self.model
         a, P = len(self._active), len(rs)
         m.reset_rows(a, a + P)
-        cols: Dict[torch.Tensor, list] = {t: [] for t in (
-            m.n_trailing, m.key, m.greedy, m.sub_greedy, m.suppress_eos, m.min_new, m.temp, m.top_k,
-            m.top_p, m.rep, m.sub_temp, m.sub_top_k, m.pos, m.live)}
+        cols: Dict[torch.Tensor, list] = {
+            t: []
+            for t in (
+                m.n_trailing,
+                m.key,
+                m.greedy,
+                m.sub_greedy,
+                m.suppress_eos,
+                m.min_new,
+                m.temp,
+                m.top_k,
+                m.top_p,
+                m.rep,
+                m.sub_temp,
+                m.sub_top_k,
+                m.pos,
+                m.live,
+            )
+        }
         for i, r in enumerate(rs):
             req = r.req
             sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
@@ -315,22 +354,32 @@ class NativeEngine:
             if n_tr:
                 m.trailing[a + i, :n_tr] = r.trailing.to(m.device, m.dtype)
             L = r.prompt.shape[0]
-            for t, v in ((m.n_trailing, n_tr), (m.key, r.key), (m.greedy, bool(req.greedy)),
-                         (m.sub_greedy, bool(sub_greedy)), (m.suppress_eos, bool(req.suppress_eos)),
-                         (m.min_new, int(req.min_new_tokens)), (m.temp, float(req.temperature)),
-                         (m.top_k, min(int(req.top_k), m.K0)), (m.top_p, float(req.top_p)),
-                         (m.rep, float(req.repetition_penalty)), (m.sub_temp, float(req.sub_temperature)),
-                         (m.sub_top_k, min(int(req.sub_top_k), m.KR)), (m.pos, L), (m.live, 1)):
+            for t, v in (
+                (m.n_trailing, n_tr),
+                (m.key, r.key),
+                (m.greedy, bool(req.greedy)),
+                (m.sub_greedy, bool(sub_greedy)),
+                (m.suppress_eos, bool(req.suppress_eos)),
+                (m.min_new, int(req.min_new_tokens)),
+                (m.temp, float(req.temperature)),
+                (m.top_k, min(int(req.top_k), m.K0)),
+                (m.top_p, float(req.top_p)),
+                (m.rep, float(req.repetition_penalty)),
+                (m.sub_temp, float(req.sub_temperature)),
+                (m.sub_top_k, min(int(req.sub_top_k), m.KR)),
+                (m.pos, L),
+                (m.live, 1),
+            ):
                 cols[t].append(v)
             r.slot, r.pos = a + i, L
             self._active.append(r)
         for t, v in cols.items():  # one copy per table
-            t[a:a + P].copy_(torch.tensor(v, dtype=t.dtype))
+            t[a : a + P].copy_(torch.tensor(v, dtype=t.dtype))
         i = 0
         for group in self._prefill_groups(rs):
             self._prefill(a + i, group)
             i += len(group)
-        return [int(c) == m.eos for c in m.c0[a:a + P].cpu()]
+        return [int(c) == m.eos for c in m.c0[a : a + P].cpu()]
 
     def _pf_key(self, P: int, L: int):
         """The captured prefill bucket ``("prefill", Pb, Lb)`` for P prompts of at most L rows,
@@ -379,8 +428,8 @@ class NativeEngine:
         Pb, Lb = (key[1], key[2]) if key is not None else (P, Lmax)
         x = torch.zeros(Pb, Lb, m.D, dtype=m.dtype)
         for i, r in enumerate(group):
-            x[i, :r.prompt.shape[0]] = r.prompt.to(m.dtype)
-        m.pf_x[:Pb * Lb * m.D].copy_(x.view(-1))
+            x[i, : r.prompt.shape[0]] = r.prompt.to(m.dtype)
+        m.pf_x[: Pb * Lb * m.D].copy_(x.view(-1))
         slots = [s0 + i for i in range(P)] + [m.SCR] * (Pb - P)
         last = [int(r.prompt.shape[0]) - 1 for r in group] + [0] * (Pb - P)
         m.pf_slots[:Pb].copy_(torch.tensor(slots, dtype=torch.int64))

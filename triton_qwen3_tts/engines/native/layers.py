@@ -9,10 +9,9 @@ import torch
 import torch.nn.functional as F
 
 
-
-
 _NEG_INF = float("-inf")
 CP_POSITIONS = 16  # code-predictor positions per frame: [h, C(c0)] + 14 residual rows (c15 never fed)
+
 
 def _sample_ids(scores, greedy, temp, top_k, top_p, g, K: int, use_top_p: bool):
     """Argmax where ``greedy``; else temperature, top-k (<= K, ties kept), optionally top-p,
@@ -35,8 +34,6 @@ def _sample_ids(scores, greedy, temp, top_k, top_p, g, K: int, use_top_p: bool):
     return torch.where(greedy, arg, idx.gather(1, choice[:, None])[:, 0])
 
 
-
-
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, one_kernel: bool) -> torch.Tensor:
     """Qwen3 RMSNorm over the last dim. ``one_kernel``: ``F.rms_norm`` with the weight (one fused
     kernel; in bf16 the weight multiply is done before the cast, so the rounding can differ from
@@ -48,8 +45,20 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float, one_kernel: bool) -> torc
     return F.rms_norm(x, (n,), None, eps) * w
 
 
-def _pre_attn(x, ln_w, wqkv, qk_w, cos, sin, eps: float, heads: int, kv_heads: int, head_dim: int,
-              one_kernel_norm: bool, fused: bool):
+def _pre_attn(
+    x,
+    ln_w,
+    wqkv,
+    qk_w,
+    cos,
+    sin,
+    eps: float,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    one_kernel_norm: bool,
+    fused: bool,
+):
     """Input norm, QKV projection, QK-norm and RoPE of one decoder layer.
 
     x ``[b, t, D]``; ``wqkv`` the concatenated q/k/v weights; ``qk_w [heads + kv_heads, hd]`` the
@@ -65,10 +74,10 @@ def _pre_attn(x, ln_w, wqkv, qk_w, cos, sin, eps: float, heads: int, kv_heads: i
     else:  # A/B: three GEMMs on views of the same weights
         wq, wk, wv = wqkv.split((nq, nk, nk))
         qkv = torch.cat((F.linear(h, wq), F.linear(h, wk), F.linear(h, wv)), dim=-1)
-    qk = qkv[..., :nq + nk].reshape(b, t, heads + kv_heads, head_dim)
+    qk = qkv[..., : nq + nk].reshape(b, t, heads + kv_heads, head_dim)
     qk = F.rms_norm(qk, (head_dim,), None, eps) * qk_w  # q_norm and k_norm in one pass
     qk = qk * cos + torch.roll(qk, head_dim // 2, dims=-1) * sin
-    v = qkv[..., nq + nk:].reshape(b, t, kv_heads, head_dim)
+    v = qkv[..., nq + nk :].reshape(b, t, kv_heads, head_dim)
     return qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2), v.transpose(1, 2)
 
 
@@ -91,7 +100,7 @@ def _attn_math(q, k, v, allowed, heads, kv_heads, head_dim):
     rep = heads // kv_heads
     kk = k.repeat_interleave(rep, dim=1)
     vv = v.repeat_interleave(rep, dim=1)
-    scores = (q @ kk.transpose(-1, -2)) * (head_dim ** -0.5)
+    scores = (q @ kk.transpose(-1, -2)) * (head_dim**-0.5)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, _NEG_INF)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
@@ -113,8 +122,9 @@ class _Layer:
         with torch.no_grad():
             self.wqkv = _fuse(a.q_proj, a.k_proj, a.v_proj)
             self.wgu = _fuse(mlp.gate_proj, mlp.up_proj)
-            self.qk_w = torch.cat((a.q_norm.weight.expand(a.heads, -1),
-                                   a.k_norm.weight.expand(a.kv_heads, -1))).contiguous()
+            self.qk_w = torch.cat(
+                (a.q_norm.weight.expand(a.heads, -1), a.k_norm.weight.expand(a.kv_heads, -1))
+            ).contiguous()
         self.wo, self.wdown = a.o_proj.weight, mlp.down_proj.weight
         self.ln1, self.ln2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
 
@@ -124,7 +134,7 @@ def _fuse(*linears) -> torch.Tensor:
     o = 0
     for m in linears:
         n = m.weight.shape[0]
-        m.weight = torch.nn.Parameter(w[o:o + n], requires_grad=False)
+        m.weight = torch.nn.Parameter(w[o : o + n], requires_grad=False)
         o += n
     return w
 
@@ -138,8 +148,9 @@ def _compiled(fn, backend: str):
 
     dc = torch._dynamo.config
     name = "recompile_limit" if hasattr(dc, "recompile_limit") else "cache_size_limit"
-    acc = ("accumulated_recompile_limit" if hasattr(dc, "accumulated_recompile_limit")
-           else "accumulated_cache_size_limit")
+    acc = (
+        "accumulated_recompile_limit" if hasattr(dc, "accumulated_recompile_limit") else "accumulated_cache_size_limit"
+    )
     compiled = torch.compile(fn, dynamic=False, fullgraph=True, backend=backend)
 
     def call(*args):
@@ -156,5 +167,5 @@ def _rope_tables(rotary, n: int, device, dtype) -> Tuple[torch.Tensor, torch.Ten
     """cos, sign-folded sin ``[n, hd]`` for positions ``0..n-1`` (the reference rotary's values)."""
     cos, sin = rotary(torch.arange(n, device=device)[None], dtype)
     cos, sin = cos[0], sin[0].clone()
-    sin[:, :sin.shape[-1] // 2].neg_()
+    sin[:, : sin.shape[-1] // 2].neg_()
     return cos.contiguous(), sin.contiguous()

@@ -8,8 +8,18 @@ import torch.nn.functional as F
 
 
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig
-from triton_qwen3_tts.engines.native.layers import (_NEG_INF, CP_POSITIONS, _Layer, _attn_math, _compiled, _post_attn,
-                                                    _pre_attn, _rms, _rope_tables, _sample_ids)
+from triton_qwen3_tts.engines.native.layers import (
+    _NEG_INF,
+    CP_POSITIONS,
+    _Layer,
+    _attn_math,
+    _compiled,
+    _post_attn,
+    _pre_attn,
+    _rms,
+    _rope_tables,
+    _sample_ids,
+)
 from triton_qwen3_tts.engines.rng import _gumbel
 
 
@@ -41,8 +51,11 @@ class NativeModel:
         self.K0 = min(cfg.max_top_k, self.V)
         self.KR = min(cfg.max_top_k, self.cpV)
         for mod in talker.modules():  # meta-built rotary buffers (assign-loading) -> real ones
-            if hasattr(mod, "inv_freq") and hasattr(mod, "_inv_freq") and (
-                    mod.inv_freq.is_meta or mod.inv_freq.device != dev):
+            if (
+                hasattr(mod, "inv_freq")
+                and hasattr(mod, "_inv_freq")
+                and (mod.inv_freq.is_meta or mod.inv_freq.device != dev)
+            ):
                 mod.inv_freq = mod._inv_freq(dev)
         dt = self.dtype
         L, kvh, hd = tc.num_hidden_layers, tc.num_key_value_heads, tc.head_dim
@@ -59,9 +72,9 @@ class NativeModel:
         # per-slot state
         self.h = z(S1, self.D, d=dt)
         self.c0 = z(S1)
-        self.frame_idx = z(S1)       # frames emitted so far == index of the frame being built
-        self.pos = z(S1)             # talker position the next input is written at
-        self.ngen = z(S1)            # c0 tokens sampled so far
+        self.frame_idx = z(S1)  # frames emitted so far == index of the frame being built
+        self.pos = z(S1)  # talker position the next input is written at
+        self.ngen = z(S1)  # c0 tokens sampled so far
         self.presence = z(S1, self.V, d=torch.bool)
         self.trailing = z(S1, T, self.D, d=dt)
         self.n_trailing = z(S1)
@@ -76,11 +89,29 @@ class NativeModel:
         self.rep = torch.ones(S1, device=dev, dtype=torch.float32)
         self.sub_temp = torch.ones(S1, device=dev, dtype=torch.float32)
         self.sub_top_k = torch.ones(S1, device=dev, dtype=torch.int64)
-        self.live = z(S1)            # 1 while the slot holds a request: the step's counter increment
-        self.state = [self.h, self.c0, self.frame_idx, self.pos, self.ngen, self.presence,
-                      self.trailing, self.n_trailing, self.key, self.greedy, self.sub_greedy,
-                      self.suppress_eos, self.min_new, self.temp, self.top_k, self.top_p, self.rep,
-                      self.sub_temp, self.sub_top_k, self.live]
+        self.live = z(S1)  # 1 while the slot holds a request: the step's counter increment
+        self.state = [
+            self.h,
+            self.c0,
+            self.frame_idx,
+            self.pos,
+            self.ngen,
+            self.presence,
+            self.trailing,
+            self.n_trailing,
+            self.key,
+            self.greedy,
+            self.sub_greedy,
+            self.suppress_eos,
+            self.min_new,
+            self.temp,
+            self.top_k,
+            self.top_p,
+            self.rep,
+            self.sub_temp,
+            self.sub_top_k,
+            self.live,
+        ]
         # step intermediates / outputs (static: graph parts communicate through them)
         self.frames = z(S, self.G)
         self.x_in = z(S, self.D, d=dt)
@@ -108,9 +139,10 @@ class NativeModel:
         self._pre, self._post, self._noise, self._samp = _pre_attn, _post_attn, _gumbel, _sample_ids
         if cfg.compile:
             self._pre, self._post, self._noise, self._samp = (
-                _compiled(f, cfg.compile_backend) for f in (_pre_attn, _post_attn, _gumbel, _sample_ids))
+                _compiled(f, cfg.compile_backend) for f in (_pre_attn, _post_attn, _gumbel, _sample_ids)
+            )
         special = torch.zeros(self.V, dtype=torch.bool, device=dev)
-        special[self.cb:] = True
+        special[self.cb :] = True
         special[self.eos] = False
         self.special = special
         eos_hot = torch.zeros(self.V, dtype=torch.bool, device=dev)
@@ -120,8 +152,9 @@ class NativeModel:
             self.tts_pad = talker.embed_text(torch.tensor([tts_pad_token_id], device=dev))[0].clone()
             # RoPE tables (cos, sign-folded sin), gathered by position instead of recomputed
             self.cos, self.sin = _rope_tables(talker.model.rotary_emb, M, dev, dt)  # [M, hd]
-            self.cp_cos, self.cp_sin = _rope_tables(talker.code_predictor.model.rotary_emb,
-                                                    CP_POSITIONS, dev, dt)  # [16, hd]
+            self.cp_cos, self.cp_sin = _rope_tables(
+                talker.code_predictor.model.rotary_emb, CP_POSITIONS, dev, dt
+            )  # [16, hd]
         self.layers = [_Layer(l) for l in talker.model.layers]
         self.cp_layers = [_Layer(l) for l in talker.code_predictor.model.layers]
         self.norm_w = talker.model.norm.weight
@@ -161,12 +194,12 @@ class NativeModel:
     def _qkv(self, ly: _Layer, x, cos, sin, fn=None):
         """cos/sin ``[b or 1, t, 1, hd]`` (rows of the RoPE tables); ``fn``: the block function
         (default: the decode step's, compiled with ``compile``)."""
-        return (fn or self._pre)(x, ly.ln1, ly.wqkv, ly.qk_w, cos, sin, ly.eps, ly.heads, ly.kv_heads,
-                                 ly.head_dim, self.fast, self.fused)
+        return (fn or self._pre)(
+            x, ly.ln1, ly.wqkv, ly.qk_w, cos, sin, ly.eps, ly.heads, ly.kv_heads, ly.head_dim, self.fast, self.fused
+        )
 
     def _finish_layer(self, ly: _Layer, x, attn_out, fn=None):
-        return (fn or self._post)(x, attn_out, ly.wo, ly.ln2, ly.wgu, ly.wdown, ly.eps, ly.inter,
-                                  self.fast, self.fused)
+        return (fn or self._post)(x, attn_out, ly.wo, ly.ln2, ly.wgu, ly.wdown, ly.eps, ly.inter, self.fast, self.fused)
 
     def _attend(self, a, q, k, v, allowed=None, causal=False, add_mask=None):
         """Attention of q ``[b, H, t, hd]`` over k/v ``[b, KV, Tk, hd]``.
@@ -181,8 +214,7 @@ class NativeModel:
         if add_mask is not None:
             b = q.shape[0]
             rep = a.heads // a.kv_heads
-            o = F.scaled_dot_product_attention(q.reshape(b, a.kv_heads, rep, a.head_dim), k, v,
-                                               attn_mask=add_mask)
+            o = F.scaled_dot_product_attention(q.reshape(b, a.kv_heads, rep, a.head_dim), k, v, attn_mask=add_mask)
             return o.reshape(b, a.heads, 1, a.head_dim)
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 
@@ -200,7 +232,7 @@ class NativeModel:
         masks (``key > pos``). Fixed shapes and index ops only: captured per (P, Lb) bucket.
         Prefill always uses the plain (uncompiled) blocks."""
         D = self.D
-        x = self.pf_x[:P * Lb * D].view(P, Lb, D)
+        x = self.pf_x[: P * Lb * D].view(P, Lb, D)
         slots, last = self.pf_slots[:P], self.pf_last[:P]
         cos, sin = self.cos[None, :Lb, None], self.sin[None, :Lb, None]
         allowed = None if self.fast else torch.ones(Lb, Lb, dtype=torch.bool, device=self.device).tril()
@@ -214,18 +246,29 @@ class NativeModel:
         self.h.index_copy_(0, slots, hn)
         logits = self.talker.codec_logits(hn).float()
         ngen = self.zeros_i[:P]
-        scores = self.process_c0(logits, self.presence[slots], ngen, self.min_new[slots],
-                                 self.suppress_eos[slots], self.rep[slots])
-        c0 = self._sample(scores, self.greedy[slots], self.temp[slots], self.top_k[slots],
-                          self.top_p[slots], self.key[slots], ngen, self.cols0, self.K0, True, plain=True)
+        scores = self.process_c0(
+            logits, self.presence[slots], ngen, self.min_new[slots], self.suppress_eos[slots], self.rep[slots]
+        )
+        c0 = self._sample(
+            scores,
+            self.greedy[slots],
+            self.temp[slots],
+            self.top_k[slots],
+            self.top_p[slots],
+            self.key[slots],
+            ngen,
+            self.cols0,
+            self.K0,
+            True,
+            plain=True,
+        )
         self.c0.index_copy_(0, slots, c0)
         self.presence.index_put_((slots, c0), self.true_)
         self.ngen.index_fill_(0, slots, 1)
         self.pf_c0[:P].copy_(c0)
 
     # -- sampling ----------------------------------------------------------------------------
-    def _sample(self, scores, greedy, temp, top_k, top_p, key, counter, cols, K, use_top_p=True,
-                plain=False):
+    def _sample(self, scores, greedy, temp, top_k, top_p, key, counter, cols, K, use_top_p=True, plain=False):
         """Codebook-0 style sampling of ``scores [B, V]`` (already processed) with the noise of
         draw ``counter [B]``; returns ids ``[B]`` int64 (see :func:`_sample_ids`). ``plain``:
         the uncompiled functions (prefill, whose shapes vary)."""
@@ -243,10 +286,19 @@ class NativeModel:
 
     def sample_c0(self, B: int, logits: torch.Tensor, ngen: torch.Tensor, use_top_p: bool = True) -> torch.Tensor:
         sl = slice(0, B)
-        scores = self.process_c0(logits, self.presence[sl], ngen, self.min_new[sl],
-                                 self.suppress_eos[sl], self.rep[sl])
-        return self._sample(scores, self.greedy[sl], self.temp[sl], self.top_k[sl], self.top_p[sl],
-                            self.key[sl], ngen * CP_POSITIONS, self.cols0, self.K0, use_top_p)
+        scores = self.process_c0(logits, self.presence[sl], ngen, self.min_new[sl], self.suppress_eos[sl], self.rep[sl])
+        return self._sample(
+            scores,
+            self.greedy[sl],
+            self.temp[sl],
+            self.top_k[sl],
+            self.top_p[sl],
+            self.key[sl],
+            ngen * CP_POSITIONS,
+            self.cols0,
+            self.K0,
+            use_top_p,
+        )
 
     # -- step parts ----------------------------------------------------------------------------
     def part_code_predictor(self, B: int) -> None:
@@ -271,13 +323,14 @@ class NativeModel:
                 p0, t = j, 1
                 allowed = None
                 x = cp.small_to_mtp_projection(m.codec_embedding[j - 2](c))[:, None]
-            cos, sin = self.cp_cos[None, p0:p0 + t, None], self.cp_sin[None, p0:p0 + t, None]
+            cos, sin = self.cp_cos[None, p0 : p0 + t, None], self.cp_sin[None, p0 : p0 + t, None]
             for i, ly in enumerate(self.cp_layers):
                 q, k, v = self._qkv(ly, x, cos, sin)
-                self.cp_k[i, sl, :, p0:p0 + t] = k
-                self.cp_v[i, sl, :, p0:p0 + t] = v
-                o = self._attend(ly, q, self.cp_k[i, sl, :, :p0 + t],
-                                 self.cp_v[i, sl, :, :p0 + t], allowed, causal=t > 1)
+                self.cp_k[i, sl, :, p0 : p0 + t] = k
+                self.cp_v[i, sl, :, p0 : p0 + t] = v
+                o = self._attend(
+                    ly, q, self.cp_k[i, sl, :, : p0 + t], self.cp_v[i, sl, :, : p0 + t], allowed, causal=t > 1
+                )
                 x = self._finish_layer(ly, x, o)
             hid = _rms(x[:, -1], self.cp_norm_w, self.cp_norm_eps, self.fast)
             logits = cp.lm_head[j - 1](hid).float()
@@ -303,16 +356,14 @@ class NativeModel:
         sl = slice(0, B)
         fi, ntr, pos = self.frame_idx[sl], self.n_trailing[sl], self.pos[sl]
         T = self.trailing.shape[1]
-        text = self.trailing[sl].gather(
-            1, fi.clamp(max=T - 1)[:, None, None].expand(B, 1, self.D))[:, 0]
+        text = self.trailing[sl].gather(1, fi.clamp(max=T - 1)[:, None, None].expand(B, 1, self.D))[:, 0]
         text = torch.where((fi < ntr)[:, None], text, self.tts_pad[None])
         x = (self._embed_frame(self.frames[sl]) + text)[:, None]  # [B, 1, D]
         cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [B, 1, 1, hd]
         allowed = (self.key_idx[None, :C] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, C]
         add_mask = None
         if self.fast:  # built once per step, shared by every layer
-            add_mask = torch.zeros(allowed.shape, device=self.device, dtype=self.dtype).masked_fill_(
-                ~allowed, _NEG_INF)
+            add_mask = torch.zeros(allowed.shape, device=self.device, dtype=self.dtype).masked_fill_(~allowed, _NEG_INF)
         ar = self.ar[sl]
         for i, ly in enumerate(self.layers):
             q, k, v = self._qkv(ly, x, cos, sin)
@@ -332,7 +383,7 @@ class NativeModel:
         sl = slice(0, B)
         ngen = self.ngen[sl]
         c0n = self.sample_c0(B, self.logits[sl], ngen, top_p)
-        self.out[sl, :self.G].copy_(self.frames[sl])
+        self.out[sl, : self.G].copy_(self.frames[sl])
         self.out[sl, self.G].copy_((c0n == self.eos).to(torch.int64))
         self.presence[sl].scatter_(1, c0n[:, None], True)
         self.h[sl].copy_(self.h_new[sl])

@@ -26,11 +26,23 @@ from typing import AsyncIterator, Optional
 
 import numpy as np
 
-from triton_qwen3_tts.engines.base import NUM_CHANNEL, SUPPRESS_START, EngineError, TalkerRequest, check_prompt_frames_trailing
+from triton_qwen3_tts.engines.base import (
+    NUM_CHANNEL,
+    SUPPRESS_START,
+    EngineError,
+    TalkerRequest,
+    check_prompt_frames_trailing,
+)
 from triton_qwen3_tts.model.config import ConfigError, Qwen3TTSConfig
 
-__all__ = ["EngineConfig", "EngineError", "TalkerRequest", "TalkerEngine",
-           "prepare_vllm_model_dir", "DERIVED_FORMAT_VERSION"]
+__all__ = [
+    "EngineConfig",
+    "EngineError",
+    "TalkerRequest",
+    "TalkerEngine",
+    "prepare_vllm_model_dir",
+    "DERIVED_FORMAT_VERSION",
+]
 
 DERIVED_FORMAT_VERSION = 1
 
@@ -70,7 +82,8 @@ class EngineConfig:
         if self.max_model_len < 3:
             bad("max_model_len", "must be >= 3 (prompt + at least one frame)")
         if self.kv_cache_memory_bytes is not None and (
-                not isinstance(self.kv_cache_memory_bytes, int) or self.kv_cache_memory_bytes <= 0):
+            not isinstance(self.kv_cache_memory_bytes, int) or self.kv_cache_memory_bytes <= 0
+        ):
             bad("kv_cache_memory_bytes", f"must be a positive int or None, got {self.kv_cache_memory_bytes!r}")
         if self.dtype not in _DTYPES:
             bad("dtype", f"{self.dtype!r}; allowed: {', '.join(_DTYPES)}")
@@ -130,12 +143,16 @@ def derived_config(raw: dict, cfg: Qwen3TTSConfig, max_trailing_tokens: int) -> 
             "tts_pad_token_id": cfg.tts_pad_token_id,
             "max_trailing_tokens": max_trailing_tokens,
             "code_predictor": {
-                "hidden_size": cp.hidden_size, "intermediate_size": cp.intermediate_size,
+                "hidden_size": cp.hidden_size,
+                "intermediate_size": cp.intermediate_size,
                 "num_hidden_layers": cp.num_hidden_layers,
                 "num_attention_heads": cp.num_attention_heads,
-                "num_key_value_heads": cp.num_key_value_heads, "head_dim": cp.head_dim,
-                "rms_norm_eps": cp.rms_norm_eps, "rope_theta": cp.rope_theta,
-                "vocab_size": cp.vocab_size, "num_code_groups": cp.num_code_groups,
+                "num_key_value_heads": cp.num_key_value_heads,
+                "head_dim": cp.head_dim,
+                "rms_norm_eps": cp.rms_norm_eps,
+                "rope_theta": cp.rope_theta,
+                "vocab_size": cp.vocab_size,
+                "num_code_groups": cp.num_code_groups,
             },
         },
     }
@@ -150,10 +167,14 @@ def prepare_vllm_model_dir(checkpoint_dir, cache_dir=None, max_trailing_tokens: 
         raise ConfigError(f"missing file: {st}")
     dcfg = derived_config(raw, cfg, max_trailing_tokens)
     stat = st.stat()
-    key = hashlib.sha256(json.dumps(
-        [str(ck), dcfg, stat.st_size, stat.st_mtime_ns], sort_keys=True).encode()).hexdigest()[:16]
-    base = Path(cache_dir) if cache_dir else Path(
-        os.environ.get("QWEN3_TTS_CACHE", Path.home() / ".cache" / "triton_qwen3_tts")) / "vllm"
+    key = hashlib.sha256(
+        json.dumps([str(ck), dcfg, stat.st_size, stat.st_mtime_ns], sort_keys=True).encode()
+    ).hexdigest()[:16]
+    base = (
+        Path(cache_dir)
+        if cache_dir
+        else Path(os.environ.get("QWEN3_TTS_CACHE", Path.home() / ".cache" / "triton_qwen3_tts")) / "vllm"
+    )
     out = base / key
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "config.json.tmp"
@@ -207,15 +228,20 @@ class TalkerEngine:
 
         c = self.config
         self._torch_dtype = getattr(torch, c.dtype)
-        model_dir = prepare_vllm_model_dir(self.checkpoint_dir, c.model_cache_dir,
-                                           c.max_trailing_tokens)
+        model_dir = prepare_vllm_model_dir(self.checkpoint_dir, c.model_cache_dir, c.max_trailing_tokens)
         kw = dict(
-            model=str(model_dir), skip_tokenizer_init=True, dtype=c.dtype,
-            max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs,
-            enforce_eager=c.enforce_eager, seed=c.seed,
+            model=str(model_dir),
+            skip_tokenizer_init=True,
+            dtype=c.dtype,
+            max_model_len=c.max_model_len,
+            max_num_seqs=c.max_num_seqs,
+            enforce_eager=c.enforce_eager,
+            seed=c.seed,
             gpu_memory_utilization=c.gpu_memory_utilization,
-            enable_prompt_embeds=True, enable_prefix_caching=False,
-            logprobs_mode="raw_logits", generation_config="vllm",
+            enable_prompt_embeds=True,
+            enable_prefix_caching=False,
+            logprobs_mode="raw_logits",
+            generation_config="vllm",
             logits_processors=[TalkerSlotProcessor],
             worker_extension_cls="triton_qwen3_tts.engines.vllm.model.TalkerWorkerExtension",
         )
@@ -223,8 +249,7 @@ class TalkerEngine:
             kw["kv_cache_memory_bytes"] = c.kv_cache_memory_bytes
         if c.max_num_batched_tokens is not None:
             kw["max_num_batched_tokens"] = c.max_num_batched_tokens
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw),
-                                             stat_loggers=[self._scheduler_probe_factory()])
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kw), stat_loggers=[self._scheduler_probe_factory()])
 
     # -- requests -------------------------------------------------------------------------
     def check_request(self, req: TalkerRequest):
@@ -239,25 +264,42 @@ class TalkerEngine:
         sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
         sub_seed = req.seed if req.seed is not None else secrets.randbits(63)
         tr = np.ascontiguousarray(trailing.detach().float().cpu().numpy(), dtype=np.float32)
-        extra = {"qwen3_tts": {
-            "prompt_len": int(prompt_len), "n_trailing": int(tr.shape[0]), "dim": self.hidden,
-            "trailing": tr.tobytes(), "sub_temperature": float(req.sub_temperature),
-            "sub_top_k": int(req.sub_top_k), "sub_greedy": bool(sub_greedy),
-            "sub_seed": int(sub_seed) & ((1 << 63) - 1),
-            "repetition_penalty": float(req.repetition_penalty),
-        }}
-        extra["qwen3_tts"].update({
-            "greedy": bool(req.greedy), "temperature": float(req.temperature),
-            "top_k": int(req.top_k), "top_p": float(req.top_p),
-            "seed": int(sub_seed) & ((1 << 63) - 1),
-            "min_new_tokens": int(req.min_new_tokens),
-            "suppress_eos": bool(req.suppress_eos),
-        })
+        extra = {
+            "qwen3_tts": {
+                "prompt_len": int(prompt_len),
+                "n_trailing": int(tr.shape[0]),
+                "dim": self.hidden,
+                "trailing": tr.tobytes(),
+                "sub_temperature": float(req.sub_temperature),
+                "sub_top_k": int(req.sub_top_k),
+                "sub_greedy": bool(sub_greedy),
+                "sub_seed": int(sub_seed) & ((1 << 63) - 1),
+                "repetition_penalty": float(req.repetition_penalty),
+            }
+        }
+        extra["qwen3_tts"].update(
+            {
+                "greedy": bool(req.greedy),
+                "temperature": float(req.temperature),
+                "top_k": int(req.top_k),
+                "top_p": float(req.top_p),
+                "seed": int(sub_seed) & ((1 << 63) - 1),
+                "min_new_tokens": int(req.min_new_tokens),
+                "suppress_eos": bool(req.suppress_eos),
+            }
+        )
         # vLLM only takes the argmax: codebook-0 sampling happens in TalkerSlotProcessor.apply
         # (design section 3), so vLLM never creates a torch generator for a talker request.
-        kw = dict(n=1, max_tokens=req.max_frames + 1, logprob_token_ids=self.channel_ids,
-                  output_kind=RequestOutputKind.DELTA, detokenize=False, extra_args=extra,
-                  skip_special_tokens=False, temperature=0.0)
+        kw = dict(
+            n=1,
+            max_tokens=req.max_frames + 1,
+            logprob_token_ids=self.channel_ids,
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+            extra_args=extra,
+            skip_special_tokens=False,
+            temperature=0.0,
+        )
         if req.suppress_eos:
             kw["ignore_eos"] = True
         else:
@@ -334,8 +376,14 @@ class TalkerEngine:
         if self.llm is None:
             raise EngineError("engine not started (await engine.start())")
         total = int(self.llm.vllm_config.cache_config.num_gpu_blocks or 0) - 1  # minus null block
-        out = {"running": 0, "waiting": 0, "kv_cache_usage": 0.0, "kv_blocks_total": max(total, 0),
-               "kv_blocks_in_use": 0, "steps": self._sched_steps}
+        out = {
+            "running": 0,
+            "waiting": 0,
+            "kv_cache_usage": 0.0,
+            "kv_blocks_total": max(total, 0),
+            "kv_blocks_in_use": 0,
+            "steps": self._sched_steps,
+        }
         for st in self._sched_stats.values():
             out["running"] += int(st.num_running_reqs)
             out["waiting"] += int(st.num_waiting_reqs) + int(st.num_skipped_waiting_reqs)

@@ -62,9 +62,16 @@ def decode_channel(values: np.ndarray) -> np.ndarray:
 # Counter-based noise (Gumbel-max): no generator state, batch- and preemption-invariant.
 # ---------------------------------------------------------------------------------------------
 
-def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                greedy: torch.Tensor, seed: torch.Tensor, frame: torch.Tensor,
-                codebook: int) -> torch.Tensor:
+
+def sample_rows(
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    greedy: torch.Tensor,
+    seed: torch.Tensor,
+    frame: torch.Tensor,
+    codebook: int,
+) -> torch.Tensor:
     """Per-row greedy or temperature + top-k + Gumbel-max sampling. Fixed shapes, no sync."""
     logits = logits.float()
     vocab = logits.shape[-1]
@@ -82,11 +89,20 @@ def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Te
 # Side state
 # ---------------------------------------------------------------------------------------------
 
+
 class TalkerSideState:
     """Per-request tables, one row per slot, plus one trash slot (index ``num_slots``)."""
 
-    def __init__(self, num_slots: int, max_rows: int, hidden: int, max_frames: int,
-                 max_trailing: int, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        num_slots: int,
+        max_rows: int,
+        hidden: int,
+        max_frames: int,
+        max_trailing: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.num_slots = num_slots
         self.trash = num_slots
         self.hidden = hidden
@@ -188,9 +204,13 @@ class TalkerSideState:
         if collect:
             gc.collect()
         self.drain_released()
-        return {"slots_in_use": len(self._token_slot), "free_slots": len(self._free),
-                "replayed_rows": int(self.replayed_rows.item()),
-                "num_slots": self.num_slots, "errors": list(self.errors)}
+        return {
+            "slots_in_use": len(self._token_slot),
+            "free_slots": len(self._free),
+            "replayed_rows": int(self.replayed_rows.item()),
+            "num_slots": self.num_slots,
+            "errors": list(self.errors),
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,8 +218,7 @@ class TalkerSideState:
 # ---------------------------------------------------------------------------------------------
 
 try:  # vLLM is optional for importing the pure parts of this module
-    from vllm.v1.sample.logits_processor import (BatchUpdate, LogitsProcessor,
-                                                 MoveDirectionality)
+    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 except Exception:  # pragma: no cover
     LogitsProcessor = object  # type: ignore
     BatchUpdate = MoveDirectionality = None  # type: ignore
@@ -238,12 +257,17 @@ class TalkerSlotProcessor(LogitsProcessor):  # type: ignore[misc]
             slot = st.acquire(params, prompt_ids)
             e = (getattr(params, "extra_args", None) or {}).get(EXTRA_KEY) or {}
             self.rows[idx] = _RowParams(
-                slot=slot, out=out_ids, rep=float(e.get("repetition_penalty", 1.0)),
+                slot=slot,
+                out=out_ids,
+                rep=float(e.get("repetition_penalty", 1.0)),
                 suppress_eos=bool(e.get("suppress_eos", False)),
-                min_new=int(e.get("min_new_tokens", 0)), greedy=bool(e.get("greedy", True)),
-                temperature=float(e.get("temperature", 1.0)), top_k=int(e.get("top_k", 0)),
+                min_new=int(e.get("min_new_tokens", 0)),
+                greedy=bool(e.get("greedy", True)),
+                temperature=float(e.get("temperature", 1.0)),
+                top_k=int(e.get("top_k", 0)),
                 top_p=float(e.get("top_p", 1.0)),
-                seed=int(e.get("seed", e.get("sub_seed", 0))) & ((1 << 63) - 1))
+                seed=int(e.get("seed", e.get("sub_seed", 0))) & ((1 << 63) - 1),
+            )
         for a, b, direction in batch_update.moved:
             if direction == MoveDirectionality.SWAP:
                 self.rows[a], self.rows[b] = self.rows[b], self.rows[a]
@@ -303,8 +327,7 @@ class TalkerSlotProcessor(LogitsProcessor):  # type: ignore[misc]
 
 
 class _RowParams:
-    __slots__ = ("slot", "out", "rep", "suppress_eos", "min_new", "greedy", "temperature",
-                 "top_k", "top_p", "seed")
+    __slots__ = ("slot", "out", "rep", "suppress_eos", "min_new", "greedy", "temperature", "top_k", "top_p", "seed")
 
     def __init__(self, **kw):
         for k, v in kw.items():
@@ -322,6 +345,7 @@ class TalkerWorkerExtension:
 # ---------------------------------------------------------------------------------------------
 # Code predictor (fixed shapes: 16 single-row steps over a 16-position KV buffer)
 # ---------------------------------------------------------------------------------------------
+
 
 class _RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -373,15 +397,15 @@ class CodePredictor(nn.Module):
         self.vocab = int(cp["vocab_size"])
         eps = float(cp.get("rms_norm_eps", eps))
         self.layers = nn.ModuleList(
-            _CPLayer(self.hidden, int(cp["intermediate_size"]), self.heads, self.kv_heads,
-                     self.head_dim, eps) for _ in range(int(cp["num_hidden_layers"])))
+            _CPLayer(self.hidden, int(cp["intermediate_size"]), self.heads, self.kv_heads, self.head_dim, eps)
+            for _ in range(int(cp["num_hidden_layers"]))
+        )
         self.norm = _RMSNorm(self.hidden, eps)
         n = self.groups - 1
         # Stacked official tables: codec_embedding.{j} [vocab, talker_hidden], lm_head.{j}.
         self.embed = nn.Parameter(torch.zeros(n, self.vocab, talker_hidden))
         self.lm_head = nn.Parameter(torch.zeros(n, self.vocab, self.hidden))
-        self.proj = (nn.Linear(talker_hidden, self.hidden, bias=True)
-                     if talker_hidden != self.hidden else None)
+        self.proj = nn.Linear(talker_hidden, self.hidden, bias=True) if talker_hidden != self.hidden else None
         theta = float(cp.get("rope_theta", 1e6))
         inv = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         ang = torch.arange(self.groups, dtype=torch.float32)[:, None] * inv[None, :]
@@ -428,8 +452,7 @@ class CodePredictor(nn.Module):
         R = h.shape[0]
         G = self.groups
         dt = h.dtype
-        kc = [torch.zeros(R, self.kv_heads, G, self.head_dim, dtype=dt, device=h.device)
-              for _ in self.layers]
+        kc = [torch.zeros(R, self.kv_heads, G, self.head_dim, dtype=dt, device=h.device) for _ in self.layers]
         vc = [torch.zeros_like(kc[0]) for _ in self.layers]
         pos = torch.arange(G, device=h.device)
         mask = pos[None, :] > pos[:, None]  # [t, G]: True = masked
@@ -453,6 +476,7 @@ class CodePredictor(nn.Module):
 # ---------------------------------------------------------------------------------------------
 # The vLLM model
 # ---------------------------------------------------------------------------------------------
+
 
 def _attn_query_start_loc(attn_metadata) -> Optional[torch.Tensor]:
     md = attn_metadata
@@ -483,10 +507,9 @@ class Qwen3TTSTalkerForVLLM(nn.Module):
         assert int(config.vocab_size) == self.codec_vocab + NUM_CHANNEL
         self.model = Qwen3Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         self.codec_head = nn.Parameter(torch.zeros(self.codec_vocab, self.hidden))
-        self.code_predictor = CodePredictor(tts["code_predictor"], self.hidden,
-                                            float(config.rms_norm_eps))
+        self.code_predictor = CodePredictor(tts["code_predictor"], self.hidden, float(config.rms_norm_eps))
         sup = torch.zeros(self.codec_vocab, dtype=torch.bool)
-        sup[int(tts["suppress_start"]):self.codec_vocab] = True
+        sup[int(tts["suppress_start"]) : self.codec_vocab] = True
         sup[int(tts["codec_eos_token_id"])] = False
         self.register_buffer("suppress", sup, persistent=False)
         self.register_buffer("tts_pad_embed", torch.zeros(self.hidden), persistent=False)
@@ -495,14 +518,21 @@ class Qwen3TTSTalkerForVLLM(nn.Module):
 
         sched = vllm_config.scheduler_config
         mcfg = vllm_config.model_config
-        device = torch.empty(0).device if not torch.cuda.is_available() else torch.device(
-            "cuda", torch.cuda.current_device())
+        device = (
+            torch.empty(0).device
+            if not torch.cuda.is_available()
+            else torch.device("cuda", torch.cuda.current_device())
+        )
         max_frames = int(mcfg.max_model_len) + 1
         _SIDE_STATE = TalkerSideState(
-            num_slots=int(sched.max_num_seqs), max_rows=int(sched.max_num_seqs),
-            hidden=self.hidden, max_frames=max_frames,
+            num_slots=int(sched.max_num_seqs),
+            max_rows=int(sched.max_num_seqs),
+            hidden=self.hidden,
+            max_frames=max_frames,
             max_trailing=int(tts.get("max_trailing_tokens", 512)),
-            dtype=mcfg.dtype, device=device)
+            dtype=mcfg.dtype,
+            device=device,
+        )
         self.side = _SIDE_STATE
         _SIDE_STATE.eos_id = int(tts["codec_eos_token_id"])
         self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
@@ -511,8 +541,7 @@ class Qwen3TTSTalkerForVLLM(nn.Module):
     def embed_input_ids(self, input_ids: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
 
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None,
-                **kwargs):
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
         from vllm.forward_context import get_forward_context
 
         if inputs_embeds is None:
@@ -525,8 +554,7 @@ class Qwen3TTSTalkerForVLLM(nn.Module):
         if qsl is None or st is None:  # profiling / dummy run
             self._chan = None
             return self.model(None, positions, intermediate_tensors, inputs_embeds)
-        return self._talker_step(positions, inputs_embeds, qsl.to(positions.device).long(),
-                                 intermediate_tensors)
+        return self._talker_step(positions, inputs_embeds, qsl.to(positions.device).long(), intermediate_tensors)
 
     def _talker_step(self, positions, emb, qsl, intermediate_tensors):
         st = self.side
@@ -554,8 +582,8 @@ class Qwen3TTSTalkerForVLLM(nn.Module):
 
         # 1. code predictor for every request row (masked later): frame g_r of each request.
         codes = self.code_predictor.predict(
-            st.h[slot_r], emb[last], st.temperature[slot_r], st.top_k[slot_r],
-            st.greedy[slot_r], st.seed[slot_r], g_r)
+            st.h[slot_r], emb[last], st.temperature[slot_r], st.top_k[slot_r], st.greedy[slot_r], st.seed[slot_r], g_r
+        )
         wslot = torch.where(fresh_r, slot_r, torch.full_like(slot_r, trash))
         wg = torch.where(fresh_r, g_r, torch.zeros_like(g_r)).clamp(0, Fm - 1)
         st.hist[wslot, wg] = codes
@@ -607,7 +635,7 @@ class Qwen3TTSTalkerForVLLM(nn.Module):
         for name, w in weights:
             if not name.startswith("talker."):
                 continue  # speaker_encoder.* etc.
-            n = name[len("talker."):]
+            n = name[len("talker.") :]
             if n == "model.codec_embedding.weight":
                 pad = torch.zeros(self.codec_vocab + NUM_CHANNEL, w.shape[1], dtype=w.dtype)
                 pad[: w.shape[0]] = w
@@ -616,16 +644,16 @@ class Qwen3TTSTalkerForVLLM(nn.Module):
                 text_emb_row = w[self.tts_pad_token_id].clone()
                 loaded.add("model.text_embedding.weight")
             elif n.startswith("text_projection."):
-                proj[n[len("text_projection."):]] = w
+                proj[n[len("text_projection.") :]] = w
                 loaded.add(n)
             elif n == "codec_head.weight":
                 with torch.no_grad():
                     self.codec_head.copy_(w.to(self.codec_head.dtype))
                 loaded.add("codec_head")
             elif n.startswith("model."):
-                model_w.append((n[len("model."):], w))
+                model_w.append((n[len("model.") :], w))
             elif n.startswith("code_predictor."):
-                self._load_cp(n[len("code_predictor."):], w, cp_params)
+                self._load_cp(n[len("code_predictor.") :], w, cp_params)
                 loaded.add(n)
         for n in self.model.load_weights(iter(model_w)):
             loaded.add("model." + n)

@@ -62,17 +62,17 @@ def decode_batched(
     out_rows: List[np.ndarray] = []
     step = max_batch or len(rows)
     for s in range(0, len(rows), step):
-        part, plens = rows[s:s + step], lens[s:s + step]
+        part, plens = rows[s : s + step], lens[s : s + step]
         t = bucket(max(plens), frame_buckets)
         batch = np.zeros((len(part), t, NUM_QUANTIZERS), dtype=np.int64)
         for i, r in enumerate(part):
-            batch[i, :r.shape[0]] = r
+            batch[i, : r.shape[0]] = r
         audio = np.asarray(decode(batch))
         if audio.shape != (len(part), t * samples_per_frame):
             raise RuntimeError(f"decoder returned {audio.shape}, expected {(len(part), t * samples_per_frame)}")
-        out_rows.extend(audio[i, :n * samples_per_frame] for i, n in enumerate(plens))
+        out_rows.extend(audio[i, : n * samples_per_frame] for i, n in enumerate(plens))
     result, k = [], 0
     for req in requests:
-        result.append(np.stack(out_rows[k:k + req.shape[0]]).astype(np.float32, copy=False))
+        result.append(np.stack(out_rows[k : k + req.shape[0]]).astype(np.float32, copy=False))
         k += req.shape[0]
     return result

@@ -49,8 +49,9 @@ def batch_buckets_for(max_batch: Optional[int], buckets: Sequence[int] = DEFAULT
     return tuple(b for b in buckets if b < max_batch) + (int(max_batch),)
 
 
-def graph_key(rows: int, frames: int, batch_buckets: Sequence[int],
-              frame_buckets: Sequence[int]) -> Optional[Tuple[int, int]]:
+def graph_key(
+    rows: int, frames: int, batch_buckets: Sequence[int], frame_buckets: Sequence[int]
+) -> Optional[Tuple[int, int]]:
     """``(batch bucket, frames)`` of the graph that runs ``rows`` x ``frames``, or None (eager):
     frames must be one of ``frame_buckets`` exactly; rows at most the largest batch bucket."""
     if rows < 1 or frames not in tuple(frame_buckets) or not batch_buckets or rows > batch_buckets[-1]:
@@ -100,8 +101,9 @@ def pad_state(state: Mapping[str, object], rows: int, names: Sequence[str]) -> "
     return out
 
 
-def slice_state(state: Mapping[str, object], rows: int, names: Sequence[str],
-                clone: bool = True) -> "OrderedDict[str, object]":
+def slice_state(
+    state: Mapping[str, object], rows: int, names: Sequence[str], clone: bool = True
+) -> "OrderedDict[str, object]":
     """The first ``rows`` rows of every state tensor (cloned by default: the buffers are reused)."""
     return OrderedDict((n, state[n][:rows].clone() if clone else state[n][:rows]) for n in names)
 
@@ -119,8 +121,15 @@ class StatefulGraphRunner:
     """``step`` like ``StatefulCodecDecoder.step``, replaying a CUDA graph per (batch bucket, T)
     for T in ``frame_buckets`` (module docstring). ``capture=False``: the same padded path, eager."""
 
-    def __init__(self, sd, device, dtype, batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
-                 frame_buckets: Sequence[int] = (1, 2, 4, 8, 16, 25), capture: bool = True):
+    def __init__(
+        self,
+        sd,
+        device,
+        dtype,
+        batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+        frame_buckets: Sequence[int] = (1, 2, 4, 8, 16, 25),
+        capture: bool = True,
+    ):
         import torch
 
         self.torch = torch
@@ -152,8 +161,9 @@ class StatefulGraphRunner:
         return list(self.names)
 
     def init_state(self, batch, device=None, dtype=None):
-        return self.sd.init_state(batch, device if device is not None else self.device,
-                                  dtype if dtype is not None else self.dtype)
+        return self.sd.init_state(
+            batch, device if device is not None else self.device, dtype if dtype is not None else self.dtype
+        )
 
     # ---- slots --------------------------------------------------------------------------------
 
@@ -179,8 +189,11 @@ class StatefulGraphRunner:
         with torch.inference_mode():
             ins, outs = self._buffers()
             codes = torch.zeros((bb, t, 16), dtype=torch.long, device=self.device)
-            slot = _Slot(codes, OrderedDict((n, ins[n][:bb]) for n in self.names),
-                         OrderedDict((n, outs[n][:bb]) for n in self.names))
+            slot = _Slot(
+                codes,
+                OrderedDict((n, ins[n][:bb]) for n in self.names),
+                OrderedDict((n, outs[n][:bb]) for n in self.names),
+            )
             if self.capture:
                 for n in self.names:  # a valid (zero) state for the warm-up and capture runs
                     slot.state_in[n].zero_()
@@ -227,7 +240,7 @@ class StatefulGraphRunner:
             self.split_calls += 1
             audio, off = [], 0
             for n in pieces:
-                a, state = self.step(codes[:, off:off + n], state)
+                a, state = self.step(codes[:, off : off + n], state)
                 audio.append(a)
                 off += n
             return torch.cat(audio, dim=1), state

@@ -159,9 +159,16 @@ def check_codes_values(codes, codebook_size: int, max_frames: Optional[int]) -> 
         raise ValueError(f"audio_codes values must be in [0, {codebook_size}), got [{lo}, {hi}]")
 
 
-def parse_request(codes, start: Optional[bool], states: Mapping[str, Any], specs: Sequence[StateSpec],
-                  codebook_size: int = 2048, max_frames: Optional[int] = None, device=None,
-                  dtype=None) -> StepRequest:
+def parse_request(
+    codes,
+    start: Optional[bool],
+    states: Mapping[str, Any],
+    specs: Sequence[StateSpec],
+    codebook_size: int = 2048,
+    max_frames: Optional[int] = None,
+    device=None,
+    dtype=None,
+) -> StepRequest:
     """Validate one request's tensors (torch tensors or numpy arrays, keyed by input name).
 
     ``start`` True: the stream's first chunk, no ``state_in_*`` allowed (zero state). ``start``
@@ -184,13 +191,16 @@ def parse_request(codes, start: Optional[bool], states: Mapping[str, Any], specs
         start = not states
     if start:
         if states:
-            raise ValueError(f"start=true takes no state_in_* inputs (the codec starts from zero state); "
-                             f"got {sorted(states)}")
+            raise ValueError(
+                f"start=true takes no state_in_* inputs (the codec starts from zero state); got {sorted(states)}"
+            )
         return StepRequest(codes, None)
     missing = [s.input_name for s in specs if s.input_name not in states]
     if missing:
-        raise ValueError(f"missing state input(s) {missing}: send every state_out_* of the previous chunk "
-                         f"as state_in_*, or start=true on a stream's first chunk")
+        raise ValueError(
+            f"missing state input(s) {missing}: send every state_out_* of the previous chunk "
+            f"as state_in_*, or start=true on a stream's first chunk"
+        )
     b = codes.shape[0]
     out = {}
     for s in specs:
@@ -221,8 +231,9 @@ def group_by_frames(frames: Sequence[int]) -> "OrderedDict[int, List[int]]":
     return groups
 
 
-def run_batch(requests: Sequence[StepRequest], sd, device=None, dtype=None,
-              max_batch: Optional[int] = None) -> List[StepResult]:
+def run_batch(
+    requests: Sequence[StepRequest], sd, device=None, dtype=None, max_batch: Optional[int] = None
+) -> List[StepResult]:
     """Decode the new frames of every request with as few ``sd.step`` calls as possible.
 
     ``sd``: a :class:`StatefulCodecDecoder` (``state_names``, ``init_state``, ``step``). Requests are
@@ -240,8 +251,8 @@ def run_batch(requests: Sequence[StepRequest], sd, device=None, dtype=None,
         audio_rows: Dict[Tuple[int, int], Any] = {}
         state_rows: Dict[Tuple[int, int], Dict[str, Any]] = {}
         for s in range(0, len(rows), step):
-            part = rows[s:s + step]
-            codes = torch.cat([requests[i].codes[j:j + 1] for i, j in part])
+            part = rows[s : s + step]
+            codes = torch.cat([requests[i].codes[j : j + 1] for i, j in part])
             zero = None
             parts: Dict[str, List[Any]] = {n: [] for n in names}
             for i, j in part:
@@ -254,15 +265,15 @@ def run_batch(requests: Sequence[StepRequest], sd, device=None, dtype=None,
                         parts[n].append(st_row[n])
                 else:
                     for n in names:
-                        parts[n].append(st[n][j:j + 1])
+                        parts[n].append(st[n][j : j + 1])
             state = OrderedDict((n, torch.cat(parts[n])) for n in names)
             with torch.inference_mode():
                 audio, new = sd.step(codes, state)
             if audio.dim() != 2 or audio.shape[0] != len(part) or audio.shape[1] % t:
                 raise RuntimeError(f"decoder returned audio {list(audio.shape)} for {len(part)} rows of {t} frames")
             for k, key in enumerate(part):
-                audio_rows[key] = audio[k:k + 1]
-                state_rows[key] = {n: new[n][k:k + 1] for n in names}
+                audio_rows[key] = audio[k : k + 1]
+                state_rows[key] = {n: new[n][k : k + 1] for n in names}
         for i in idx:
             keys = [(i, j) for j in range(requests[i].rows)]
             a = torch.cat([audio_rows[k] for k in keys]).float().contiguous()
@@ -315,8 +326,15 @@ class StatePool:
     that died mid-stream never sends ``end``). ``clock``: injectable for tests.
     """
 
-    def __init__(self, sd, capacity: int, device=None, dtype=None, idle_timeout_s: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        sd,
+        capacity: int,
+        device=None,
+        dtype=None,
+        idle_timeout_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         import torch
 
         if capacity < 1:
@@ -354,8 +372,9 @@ class StatePool:
         if stream_id in self._slots:
             raise ValueError(f"stream_id {stream_id} is already open: start=true only on a stream's first chunk")
         if not self._free:
-            raise StateCapacityError(f"all {self.capacity} codec state slots are in use (state_slots); "
-                                     "retry when streams end")
+            raise StateCapacityError(
+                f"all {self.capacity} codec state slots are in use (state_slots); retry when streams end"
+            )
         slot = self._free.pop()
         self.buf[slot].zero_()
         self.pos[slot] = 0
@@ -366,8 +385,10 @@ class StatePool:
     def slot(self, stream_id: int) -> int:
         slot = self._slots.get(stream_id)
         if slot is None:
-            raise ValueError(f"unknown stream_id {stream_id}: not started with start=true, already ended, or "
-                             f"released after {self.idle_timeout_s:g} s without a request")
+            raise ValueError(
+                f"unknown stream_id {stream_id}: not started with start=true, already ended, or "
+                f"released after {self.idle_timeout_s:g} s without a request"
+            )
         self._last[stream_id] = self.clock()
         return slot
 
@@ -409,7 +430,7 @@ class StatePool:
                 out[n] = self.pos.index_select(0, idx)
             else:
                 off, numel, shape = self.layout[n]
-                out[n] = flat[:, off:off + numel].view((b,) + shape)
+                out[n] = flat[:, off : off + numel].view((b,) + shape)
         return out
 
     def scatter(self, slots: Sequence[int], state: Mapping[str, Any], idx=None) -> None:
@@ -450,8 +471,9 @@ def _flag(name: str, value) -> bool:
     return bool(t[0])
 
 
-def parse_resident_request(codes, stream_id, start=None, end=None, codebook_size: int = 2048,
-                           max_frames: Optional[int] = None, device=None) -> ResidentRequest:
+def parse_resident_request(
+    codes, stream_id, start=None, end=None, codebook_size: int = 2048, max_frames: Optional[int] = None, device=None
+) -> ResidentRequest:
     """Validate one resident-mode request (torch tensors or numpy arrays; ``codes`` may be None
     for a release: ``end=true`` without frames)."""
     import torch
@@ -468,19 +490,21 @@ def parse_resident_request(codes, stream_id, start=None, end=None, codebook_size
     s, e = _flag("start", start), _flag("end", end)
     if codes is None:
         if not e or s:
-            raise ValueError("audio_codes is required, except in a release request (end=true, start absent "
-                             "or false)")
+            raise ValueError("audio_codes is required, except in a release request (end=true, start absent or false)")
         return ResidentRequest(int(sid[0]), None, False, True)
     c = torch.as_tensor(codes)
     if c.dim() != 3 or c.shape[0] != 1 or c.shape[2] != NUM_QUANTIZERS or c.shape[1] < 1:
-        raise ValueError(f"audio_codes must have shape [1, frames>=1, {NUM_QUANTIZERS}] (one stream per request), "
-                         f"got {list(c.shape)}")
+        raise ValueError(
+            f"audio_codes must have shape [1, frames>=1, {NUM_QUANTIZERS}] (one stream per request), "
+            f"got {list(c.shape)}"
+        )
     check_codes_values(c, codebook_size, max_frames)
     return ResidentRequest(int(sid[0]), to_device_async(c.to(torch.int64), device), s, e)
 
 
-def run_resident_batch(requests: Sequence[ResidentRequest], pool: StatePool, sd,
-                       max_batch: Optional[int] = None) -> List[Any]:
+def run_resident_batch(
+    requests: Sequence[ResidentRequest], pool: StatePool, sd, max_batch: Optional[int] = None
+) -> List[Any]:
     """Serve one batch of resident-mode requests against ``pool``.
 
     The only host sync is the audio's copy to the host at the end of each step call (indices and
@@ -503,8 +527,10 @@ def run_resident_batch(requests: Sequence[ResidentRequest], pool: StatePool, sd,
     for i, r in enumerate(requests):
         try:
             if r.stream_id in seen:
-                raise ValueError(f"stream_id {r.stream_id} has two requests in one batch: send a stream's next "
-                                 "chunk after the previous one's answer")
+                raise ValueError(
+                    f"stream_id {r.stream_id} has two requests in one batch: send a stream's next "
+                    "chunk after the previous one's answer"
+                )
             seen.add(r.stream_id)
             if r.codes is None:
                 continue
@@ -517,7 +543,7 @@ def run_resident_batch(requests: Sequence[ResidentRequest], pool: StatePool, sd,
         members = [keys[k] for k in group]
         step = max_batch or len(members)
         for s0 in range(0, len(members), step):
-            part = members[s0:s0 + step]
+            part = members[s0 : s0 + step]
             try:
                 codes = torch.cat([requests[i].codes for i in part])
                 rows = [slots[i] for i in part]

@@ -33,10 +33,16 @@ from triton_qwen3_tts.serving.codec.batch import check_codes, decode_batched
 from triton_qwen3_tts.serving.codec.runtime import make_codec
 from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
 from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder
-from triton_qwen3_tts.serving.model_config import (
-    CodecModelConfig, instance_count, parameters_from_model_config)
+from triton_qwen3_tts.serving.model_config import CodecModelConfig, instance_count, parameters_from_model_config
 from triton_qwen3_tts.serving.codec.stateful import (
-    StateCapacityError, StatePool, parse_request, parse_resident_request, run_batch, run_resident_batch, state_specs)
+    StateCapacityError,
+    StatePool,
+    parse_request,
+    parse_resident_request,
+    run_batch,
+    run_resident_batch,
+    state_specs,
+)
 from triton_qwen3_tts.serving.codec.graphs import StatefulGraphRunner, batch_buckets_for
 
 _BACKEND_PARAMS = ("FORCE_CPU_ONLY_INPUT_TENSORS",)
@@ -64,7 +70,9 @@ def _parse_all(requests, parse):
             parsed.append(parse(req))
             good.append(i)
         except ValueError as e:
-            responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+            responses[i] = pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
+            )
     return responses, good, parsed
 
 
@@ -82,8 +90,10 @@ class StatefulCodecModel:
         if self.resident:
             count = instance_count(model_config)
             if count != 1:
-                raise ValueError(f"state resident keeps each stream's state in one model instance; instance_group "
-                                 f"count must be 1, got {count}")
+                raise ValueError(
+                    f"state resident keeps each stream's state in one model instance; instance_group "
+                    f"count must be 1, got {count}"
+                )
         self.device = torch.device(self.cfg.device if self.cfg.device == "cpu" else "cuda")
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.cfg.dtype]
         decoder, st_cfg = load_codec_decoder(self.cfg.checkpoint, self.device, self.dtype)
@@ -95,20 +105,26 @@ class StatefulCodecModel:
         # several graph steps (StatefulGraphRunner.step).
         self.runner = None
         if self.device.type == "cuda" and self.cfg.cuda_graphs:
-            self.runner = StatefulGraphRunner(self.sd, self.device, self.dtype, batch_buckets_for(self.max_batch),
-                                              self.cfg.stateful_frame_buckets)
+            self.runner = StatefulGraphRunner(
+                self.sd, self.device, self.dtype, batch_buckets_for(self.max_batch), self.cfg.stateful_frame_buckets
+            )
             self.runner.warmup()
         else:  # warm-up: one step from zero state
             with torch.inference_mode():
-                self.sd.step(torch.zeros((1, 2, 16), dtype=torch.long, device=self.device),
-                             self.sd.init_state(1, self.device, self.dtype))
+                self.sd.step(
+                    torch.zeros((1, 2, 16), dtype=torch.long, device=self.device),
+                    self.sd.init_state(1, self.device, self.dtype),
+                )
         self.pool = None
         if self.resident:
-            self.pool = StatePool(self.sd, self.cfg.state_slots, self.device, self.dtype,
-                                  idle_timeout_s=self.cfg.state_idle_timeout_s)
+            self.pool = StatePool(
+                self.sd, self.cfg.state_slots, self.device, self.dtype, idle_timeout_s=self.cfg.state_idle_timeout_s
+            )
             self._family = pb_utils.MetricFamily(
-                name="qwen3_tts_codec_resident_states", kind=pb_utils.MetricFamily.GAUGE,
-                description="Streams whose decoder state the stateful codec holds (state resident)")
+                name="qwen3_tts_codec_resident_states",
+                kind=pb_utils.MetricFamily.GAUGE,
+                description="Streams whose decoder state the stateful codec holds (state resident)",
+            )
             self._live = self._family.Metric(labels={"model": args.get("model_name", "codec_decoder_stateful")})
 
     def _parse(self, req):
@@ -127,8 +143,16 @@ class StatefulCodecModel:
             t = pb_utils.get_input_tensor_by_name(req, spec.input_name)
             if t is not None:
                 states[spec.input_name] = _torch(t)
-        return parse_request(_torch(codes), start, states, self.specs, codebook_size=self.codebook_size,
-                             max_frames=self.cfg.max_frames, device=self.device, dtype=self.dtype)
+        return parse_request(
+            _torch(codes),
+            start,
+            states,
+            self.specs,
+            codebook_size=self.codebook_size,
+            max_frames=self.cfg.max_frames,
+            device=self.device,
+            dtype=self.dtype,
+        )
 
     def _parse_resident(self, req):
         def get(name):
@@ -136,22 +160,34 @@ class StatefulCodecModel:
             return None if t is None else _torch(t)
 
         sid = pb_utils.get_input_tensor_by_name(req, "stream_id")
-        return parse_resident_request(get("audio_codes"), None if sid is None else sid.as_numpy(), get("start"),
-                                      get("end"), codebook_size=self.codebook_size, max_frames=self.cfg.max_frames,
-                                      device=self.device)
+        return parse_resident_request(
+            get("audio_codes"),
+            None if sid is None else sid.as_numpy(),
+            get("start"),
+            get("end"),
+            codebook_size=self.codebook_size,
+            max_frames=self.cfg.max_frames,
+            device=self.device,
+        )
 
     def _execute_resident(self, requests):
         expired = self.pool.expire()
         if expired:
-            pb_utils.Logger.log_warn(f"codec_decoder_stateful: released {len(expired)} stream state(s) idle for more "
-                                     f"than {self.cfg.state_idle_timeout_s:g} s (their callers sent no end)")
+            pb_utils.Logger.log_warn(
+                f"codec_decoder_stateful: released {len(expired)} stream state(s) idle for more "
+                f"than {self.cfg.state_idle_timeout_s:g} s (their callers sent no end)"
+            )
         responses, good, parsed = _parse_all(requests, self._parse_resident)
         results = run_resident_batch(parsed, self.pool, self.runner or self.sd, self.max_batch) if parsed else []
         for i, r in zip(good, results):
             if isinstance(r, Exception):
-                code = (pb_utils.TritonError.INVALID_ARG if isinstance(r, ValueError) else
-                        pb_utils.TritonError.UNAVAILABLE if isinstance(r, StateCapacityError) else
-                        pb_utils.TritonError.INTERNAL)
+                code = (
+                    pb_utils.TritonError.INVALID_ARG
+                    if isinstance(r, ValueError)
+                    else pb_utils.TritonError.UNAVAILABLE
+                    if isinstance(r, StateCapacityError)
+                    else pb_utils.TritonError.INTERNAL
+                )
                 responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(r), code))
             else:
                 responses[i] = pb_utils.InferenceResponse([_out("audio_values", r[None])])
@@ -172,7 +208,8 @@ class StatefulCodecModel:
             except Exception as e:  # a decoder failure fails this batch, not the server
                 for i in good:
                     responses[i] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"stateful codec decode failed: {e}", pb_utils.TritonError.INTERNAL))
+                        error=pb_utils.TritonError(f"stateful codec decode failed: {e}", pb_utils.TritonError.INTERNAL)
+                    )
         return responses
 
     def finalize(self):
@@ -206,17 +243,18 @@ class CodecDecoderModel:
                 good.append(i)
             except ValueError as e:
                 responses[i] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG))
+                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
+                )
         if arrays:
             try:
-                outs = decode_batched(arrays, self.codec.decode, self.spf,
-                                      frame_buckets=None, max_batch=self.max_batch)
+                outs = decode_batched(arrays, self.codec.decode, self.spf, frame_buckets=None, max_batch=self.max_batch)
                 for i, out in zip(good, outs):
                     responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("audio_values", out)])
             except Exception as e:  # a decoder failure fails this batch, not the server
                 for i in good:
                     responses[i] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"codec decode failed: {e}", pb_utils.TritonError.INTERNAL))
+                        error=pb_utils.TritonError(f"codec decode failed: {e}", pb_utils.TritonError.INTERNAL)
+                    )
         return responses
 
     def finalize(self):

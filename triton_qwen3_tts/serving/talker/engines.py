@@ -23,16 +23,30 @@ async def make_engine(cfg: TalkerModelConfig):
         from triton_qwen3_tts.engines.vllm.engine import EngineConfig, TalkerEngine
 
         ec = EngineConfig(
-            max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
-            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes or None, enforce_eager=cfg.enforce_eager,
-            dtype=cfg.dtype, seed=cfg.seed, gpu_memory_utilization=cfg.gpu_memory_utilization)
+            max_num_seqs=cfg.max_num_seqs,
+            max_model_len=cfg.max_model_len,
+            kv_cache_memory_bytes=cfg.kv_cache_memory_bytes or None,
+            enforce_eager=cfg.enforce_eager,
+            dtype=cfg.dtype,
+            seed=cfg.seed,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+        )
         return await TalkerEngine.create(cfg.checkpoint, ec)
     from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig
 
     extra = {}
     if cfg.batch_buckets():
         extra["batch_buckets"] = cfg.batch_buckets()
-    return await NativeEngine.create(cfg.checkpoint, NativeEngineConfig(
-        max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len, device=cfg.device,
-        dtype=cfg.dtype, cuda_graphs=not cfg.enforce_eager, seed=cfg.seed,
-        compile=cfg.native_compile and cfg.device == "cuda", **extra))
+    return await NativeEngine.create(
+        cfg.checkpoint,
+        NativeEngineConfig(
+            max_num_seqs=cfg.max_num_seqs,
+            max_model_len=cfg.max_model_len,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            cuda_graphs=not cfg.enforce_eager,
+            seed=cfg.seed,
+            compile=cfg.native_compile and cfg.device == "cuda",
+            **extra,
+        ),
+    )

@@ -23,8 +23,16 @@ from triton_qwen3_tts.serving.tts.request import RequestError, _scalar
 log = logging.getLogger(__name__)
 
 TALKER_INPUTS = {
-    "text": "str", "task_type": "str", "speaker": "str", "language": "str", "instruct": "str",
-    "ref_text": "str", "temperature": "float", "top_k": "int", "seed": "int", "max_frames": "int",
+    "text": "str",
+    "task_type": "str",
+    "speaker": "str",
+    "language": "str",
+    "instruct": "str",
+    "ref_text": "str",
+    "temperature": "float",
+    "top_k": "int",
+    "seed": "int",
+    "max_frames": "int",
     "ignore_eos": "bool",
 }
 
@@ -67,26 +75,42 @@ class TalkerService:
         ref_codes = inputs.get("ref_codes")
         spk = inputs.get("speaker_embedding")
         task = v["task_type"] or self.frontend.config.task_type
-        preq = self.frontend.validate(PromptRequest(
-            task_type=task, text=v["text"], language=v["language"] or "auto", speaker=v["speaker"],
-            instruct=v["instruct"], ref_text=v["ref_text"],
-            ref_codes=None if ref_codes is None else np.asarray(ref_codes).reshape(-1, 16),
-            x_vector_only=task == "Base" and ref_codes is None))
+        preq = self.frontend.validate(
+            PromptRequest(
+                task_type=task,
+                text=v["text"],
+                language=v["language"] or "auto",
+                speaker=v["speaker"],
+                instruct=v["instruct"],
+                ref_text=v["ref_text"],
+                ref_codes=None if ref_codes is None else np.asarray(ref_codes).reshape(-1, 16),
+                x_vector_only=task == "Base" and ref_codes is None,
+            )
+        )
         if preq.task_type == "Base":
             if spk is None:
                 raise RequestError("speaker_embedding", "is required for task_type Base")
             spk = np.asarray(spk, np.float32).reshape(-1)
             if spk.shape[0] != self.frontend.config.talker.hidden_size or not np.all(np.isfinite(spk)):
-                raise RequestError("speaker_embedding", f"must be {self.frontend.config.talker.hidden_size} "
-                                   "finite floats")
+                raise RequestError(
+                    "speaker_embedding", f"must be {self.frontend.config.talker.hidden_size} finite floats"
+                )
         elif spk is not None:
             raise RequestError("speaker_embedding", "is only used with task_type Base")
         built = self.frontend.build(preq, spk)
         return TalkerRequest(
-            request_id=request_id, prompt_embeds=built.prompt_embeds, trailing=built.trailing,
-            max_frames=max_frames, greedy=temperature == 0.0, temperature=temperature or 1.0,
-            top_k=top_k, sub_temperature=temperature or 1.0, sub_top_k=top_k,
-            seed=v["seed"], suppress_eos=bool(v["ignore_eos"] or False))
+            request_id=request_id,
+            prompt_embeds=built.prompt_embeds,
+            trailing=built.trailing,
+            max_frames=max_frames,
+            greedy=temperature == 0.0,
+            temperature=temperature or 1.0,
+            top_k=top_k,
+            sub_temperature=temperature or 1.0,
+            sub_top_k=top_k,
+            seed=v["seed"],
+            suppress_eos=bool(v["ignore_eos"] or False),
+        )
 
     async def stream(self, request_id: str, inputs: Mapping[str, Any]) -> AsyncIterator[np.ndarray]:
         """Yield frames; the engine request is aborted if the consumer stops early or fails.

@@ -31,7 +31,9 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 def _error(err):
     name = error_code_name(err)
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"[{name}] {err}", getattr(pb_utils.TritonError, name)))
+    return pb_utils.InferenceResponse(
+        error=pb_utils.TritonError(f"[{name}] {err}", getattr(pb_utils.TritonError, name))
+    )
 
 
 class TritonPythonModel:
@@ -51,21 +53,30 @@ class TritonPythonModel:
 
     def _init_metrics(self):
         M = pb_utils.MetricFamily
-        self._families = {"aborted": M(name="qwen3_tts_talker_aborted_total",
-                                       description="Talker engine requests aborted (cancel, error, abort request)",
-                                       kind=M.COUNTER),
-                          "responses": M(name="qwen3_tts_talker_responses_total",
-                                         description="Talker responses carrying frames (one per tts chunk "
-                                                     "when the caller sends response_frames)",
-                                         kind=M.COUNTER)}
+        self._families = {
+            "aborted": M(
+                name="qwen3_tts_talker_aborted_total",
+                description="Talker engine requests aborted (cancel, error, abort request)",
+                kind=M.COUNTER,
+            ),
+            "responses": M(
+                name="qwen3_tts_talker_responses_total",
+                description="Talker responses carrying frames (one per tts chunk "
+                "when the caller sends response_frames)",
+                kind=M.COUNTER,
+            ),
+        }
         self._responses = self._families["responses"].Metric(labels={"model": "talker"})
         self._metric = self._families["aborted"].Metric(labels={"model": "talker"})
         self._aborted_seen = 0
         self._responses_seen = self.service.stats.responses  # not the warm-up's
 
     async def _warmup(self):
-        inputs = {"text": np.array([b"warm up"], dtype=object), "max_frames": np.array([2], np.int32),
-                  "temperature": np.array([0.0], np.float32)}
+        inputs = {
+            "text": np.array([b"warm up"], dtype=object),
+            "max_frames": np.array([2], np.int32),
+            "temperature": np.array([0.0], np.float32),
+        }
         if self.service.frontend.config.task_type == "VoiceDesign":
             inputs["instruct"] = np.array([b"a calm voice"], dtype=object)
         if self.service.frontend.config.task_type == "Base":

@@ -231,9 +231,9 @@ def stream_decode(
     cfg = config if config is not None else ScheduleConfig()
     pieces = []
     for ch in plan_chunks(len(codes), cfg, arrivals):
-        audio = decode(codes[ch.context_start:ch.end])
+        audio = decode(codes[ch.context_start : ch.end])
         expected = ch.window_frames * cfg.samples_per_frame
         if len(audio) != expected:
             raise ValueError(f"decode returned {len(audio)} samples for {ch.window_frames} frames, expected {expected}")
-        pieces.append(audio[ch.trim_samples:])
+        pieces.append(audio[ch.trim_samples :])
     return pieces

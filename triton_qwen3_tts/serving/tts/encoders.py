@@ -27,8 +27,7 @@ class ReferenceEncoders:
     ``on_run(encoder_name)`` is called once per encoder run ("speaker", "codec"), for metrics.
     """
 
-    def __init__(self, checkpoint: str, device: str = "cpu",
-                 on_run: Callable[[str], None] = lambda name: None):
+    def __init__(self, checkpoint: str, device: str = "cpu", on_run: Callable[[str], None] = lambda name: None):
         import torch
 
         from triton_qwen3_tts.model.checkpoint import load_reference_encoders
@@ -42,8 +41,7 @@ class ReferenceEncoders:
         self.encode((0.1 * np.sin(2 * np.pi * 220.0 * t)).astype(np.float32), 24000, True)
         self.on_run = on_run
 
-    def encode(self, audio: np.ndarray, sample_rate: int, need_codes: bool
-               ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    def encode(self, audio: np.ndarray, sample_rate: int, need_codes: bool) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         """(x-vector float32 [D], codes int32 [R, 16] or None) of mono float32 ``audio``."""
         from triton_qwen3_tts.model.audio import resample
         from triton_qwen3_tts.model.codec_encoder import encode_reference

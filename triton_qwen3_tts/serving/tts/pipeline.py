@@ -76,13 +76,14 @@ async def stream_audio(
         extra = min(n_prefix, max(0, left_context_frames - left)) if chunk.context_start == 0 else 0
         if len(codes) > 1:  # one array per talker response; keep them joined for the next chunk
             codes[:] = [np.concatenate(codes, axis=0)]
-        window = codes[0][n_prefix + chunk.context_start - extra:n_prefix + chunk.end]
+        window = codes[0][n_prefix + chunk.context_start - extra : n_prefix + chunk.end]
         left += extra
         audio = await decode(window, left)
         expected = (chunk.end - chunk.start) * samples_per_frame
         if audio.shape != (expected,):
-            raise RuntimeError(f"codec returned {audio.shape} samples for frames "
-                               f"[{chunk.start}, {chunk.end}); expected ({expected},)")
+            raise RuntimeError(
+                f"codec returned {audio.shape} samples for frames [{chunk.start}, {chunk.end}); expected ({expected},)"
+            )
         return AudioChunk(audio, chunk.start, chunk.end - chunk.start, chunk.final)
 
     async for item in frames:
@@ -119,8 +120,9 @@ def to_sample_format(samples: np.ndarray, sample_format: str) -> np.ndarray:
     raise ValueError(f"sample_format must be float32 or int16, got {sample_format!r}")
 
 
-def trim_window(audio: np.ndarray, left_context: int, samples_per_frame: int = SAMPLES_PER_FRAME,
-                num_frames: Optional[int] = None) -> np.ndarray:
+def trim_window(
+    audio: np.ndarray, left_context: int, samples_per_frame: int = SAMPLES_PER_FRAME, num_frames: Optional[int] = None
+) -> np.ndarray:
     """Drop the left-context samples (and right padding beyond ``num_frames`` new frames)."""
     start = left_context * samples_per_frame
     end = None if num_frames is None else start + num_frames * samples_per_frame

@@ -14,8 +14,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-__all__ = ["RequestError", "TtsLimits", "TtsRequest", "parse_tts_request", "TTS_INPUTS",
-           "SAMPLE_FORMATS", "TASK_TYPES"]
+__all__ = ["RequestError", "TtsLimits", "TtsRequest", "parse_tts_request", "TTS_INPUTS", "SAMPLE_FORMATS", "TASK_TYPES"]
 
 TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
 SAMPLE_FORMATS = ("float32", "int16")
@@ -145,8 +144,9 @@ def _scalar(name: str, arr: Any, kind: str):
     raise AssertionError(kind)
 
 
-def _choice(name: str, value: Optional[str], allowed: Sequence[str], default: Optional[str],
-            case_insensitive: bool = True) -> Optional[str]:
+def _choice(
+    name: str, value: Optional[str], allowed: Sequence[str], default: Optional[str], case_insensitive: bool = True
+) -> Optional[str]:
     if value is None or value.strip() == "":
         return default
     v = value.strip()
@@ -192,8 +192,7 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
     unknown = set(inputs) - set(TTS_INPUTS)
     if unknown:
         raise RequestError(sorted(unknown)[0], f"unknown input; known inputs: {', '.join(TTS_INPUTS)}")
-    v = {name: _scalar(name, inputs.get(name), kind)
-         for name, (_, kind) in TTS_INPUTS.items() if kind != "audio"}
+    v = {name: _scalar(name, inputs.get(name), kind) for name, (_, kind) in TTS_INPUTS.items() if kind != "audio"}
 
     text = _text("text", v["text"], limits.max_text_chars, required=True)
     task = _choice("task_type", v["task_type"], TASK_TYPES, limits.default_task_type)
@@ -221,15 +220,18 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
     ref_text = _text("ref_text", v["ref_text"], limits.max_text_chars, required=False)
     voice_id = v["voice_id"].strip() if v["voice_id"] and v["voice_id"].strip() else None
     if voice_id is not None and (len(voice_id) > MAX_VOICE_ID_CHARS or not voice_id.isprintable()):
-        raise RequestError("voice_id", f"must be at most {MAX_VOICE_ID_CHARS} printable characters "
-                           f"(got {len(voice_id)} characters)")
+        raise RequestError(
+            "voice_id", f"must be at most {MAX_VOICE_ID_CHARS} printable characters (got {len(voice_id)} characters)"
+        )
     x_vector_only = v["x_vector_only"]
     if ref_audio is not None:
         if ref_sr is None:
             raise RequestError("ref_sample_rate", "is required with ref_audio")
         if ref_sr not in limits.ref_sample_rates:
-            raise RequestError("ref_sample_rate", f"{ref_sr} Hz is not supported; allowed: "
-                               + ", ".join(str(s) for s in limits.ref_sample_rates))
+            raise RequestError(
+                "ref_sample_rate",
+                f"{ref_sr} Hz is not supported; allowed: " + ", ".join(str(s) for s in limits.ref_sample_rates),
+            )
         secs = ref_audio.shape[0] / ref_sr
         if secs < limits.ref_min_seconds:
             raise RequestError("ref_audio", f"is {secs:.2f} s long; at least {limits.ref_min_seconds} s is needed")
@@ -246,21 +248,46 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
         raise RequestError("instruct", "is required for task_type VoiceDesign (describe the voice)")
     if task == "Base":
         if ref_audio is None and voice_id is None:
-            raise RequestError("ref_audio", "task_type Base needs ref_audio (with ref_sample_rate) or a cached voice_id")
+            raise RequestError(
+                "ref_audio", "task_type Base needs ref_audio (with ref_sample_rate) or a cached voice_id"
+            )
         if ref_audio is not None and not x_vector_only and ref_text is None:
-            raise RequestError("ref_text", "is required for in-context cloning; set x_vector_only=true to clone from the speaker embedding alone")
+            raise RequestError(
+                "ref_text",
+                "is required for in-context cloning; set x_vector_only=true to clone from the speaker embedding alone",
+            )
         if ref_audio is None and ref_text is not None:
-            raise RequestError("ref_text", "is given without ref_audio; a cached voice_id carries the transcript "
-                               "stored with it (send ref_audio, ref_sample_rate and ref_text to replace it)")
+            raise RequestError(
+                "ref_text",
+                "is given without ref_audio; a cached voice_id carries the transcript "
+                "stored with it (send ref_audio, ref_sample_rate and ref_text to replace it)",
+            )
     else:
-        for name, val in (("ref_audio", ref_audio), ("ref_text", ref_text), ("voice_id", voice_id),
-                          ("x_vector_only", x_vector_only)):
+        for name, val in (
+            ("ref_audio", ref_audio),
+            ("ref_text", ref_text),
+            ("voice_id", voice_id),
+            ("x_vector_only", x_vector_only),
+        ):
             if val is not None:
                 raise RequestError(name, f"is only used with task_type Base, not {task}")
 
     return TtsRequest(
-        text=text, task_type=task, speaker=speaker, language=language, instruct=instruct,
-        ref_audio=ref_audio, ref_sample_rate=ref_sr, ref_text=ref_text, x_vector_only=x_vector_only,
-        voice_id=voice_id, sample_format=sample_format, stream=stream, temperature=temperature,
-        top_k=top_k, seed=seed, max_frames=max_frames, ignore_eos=bool(v["ignore_eos"] or False),
+        text=text,
+        task_type=task,
+        speaker=speaker,
+        language=language,
+        instruct=instruct,
+        ref_audio=ref_audio,
+        ref_sample_rate=ref_sr,
+        ref_text=ref_text,
+        x_vector_only=x_vector_only,
+        voice_id=voice_id,
+        sample_format=sample_format,
+        stream=stream,
+        temperature=temperature,
+        top_k=top_k,
+        seed=seed,
+        max_frames=max_frames,
+        ignore_eos=bool(v["ignore_eos"] or False),
     )

@@ -56,6 +56,7 @@ class TalkerClient(Protocol):
 
 class CodecClient(Protocol):
     async def decode(self, codes: np.ndarray, left_context: int) -> np.ndarray: ...
+
     # Optional: ``session()`` -> an object with ``async decode(codes, left_context)`` and ``close()``
     # or ``async aclose()`` (one per request, e.g. the stateful codec's per-stream state); without
     # it the service wraps ``decode`` (stateful_codec.open_session).
@@ -118,23 +119,38 @@ def check_prompt(config: Qwen3TTSConfig, req: TtsRequest) -> None:
     """
     from triton_qwen3_tts.model.prompt import PromptRequest, validate_request
 
-    validate_request(config, PromptRequest(
-        task_type=req.task_type, text=req.text, language=req.language, speaker=req.speaker,
-        instruct=req.instruct, x_vector_only=req.task_type == "Base"))
+    validate_request(
+        config,
+        PromptRequest(
+            task_type=req.task_type,
+            text=req.text,
+            language=req.language,
+            speaker=req.speaker,
+            instruct=req.instruct,
+            x_vector_only=req.task_type == "Base",
+        ),
+    )
 
 
-def talker_inputs(req: TtsRequest, speaker_embedding: Optional[np.ndarray] = None,
-                  ref_codes: Optional[np.ndarray] = None,
-                  response_frames: Optional[Sequence[int]] = None) -> Dict[str, np.ndarray]:
+def talker_inputs(
+    req: TtsRequest,
+    speaker_embedding: Optional[np.ndarray] = None,
+    ref_codes: Optional[np.ndarray] = None,
+    response_frames: Optional[Sequence[int]] = None,
+) -> Dict[str, np.ndarray]:
     """The talker model's inputs for a validated request. ``response_frames``: the chunk sizes
     the tts consumes, so the talker sends one response per chunk instead of one per frame."""
+
     def s(v):
         return np.array([v.encode("utf-8")], dtype=object)
 
     d = {
-        "text": s(req.text), "task_type": s(req.task_type), "language": s(req.language),
+        "text": s(req.text),
+        "task_type": s(req.task_type),
+        "language": s(req.language),
         "temperature": np.array([req.temperature], np.float32),
-        "top_k": np.array([req.top_k], np.int32), "max_frames": np.array([req.max_frames], np.int32),
+        "top_k": np.array([req.top_k], np.int32),
+        "max_frames": np.array([req.max_frames], np.int32),
         "ignore_eos": np.array([req.ignore_eos], np.bool_),
     }
     if req.speaker:
@@ -160,10 +176,18 @@ def schedule_sizes(schedule: ScheduleConfig) -> List[int]:
 
 
 class TtsService:
-    def __init__(self, cfg: TtsModelConfig, model_config: Qwen3TTSConfig,
-                 talker: TalkerClient, codec: CodecClient, metrics: Optional[Metrics] = None,
-                 prompt_check: Optional[Callable[[Qwen3TTSConfig, TtsRequest], None]] = check_prompt,
-                 encode: Optional[Encode] = None, peers=None, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        cfg: TtsModelConfig,
+        model_config: Qwen3TTSConfig,
+        talker: TalkerClient,
+        codec: CodecClient,
+        metrics: Optional[Metrics] = None,
+        prompt_check: Optional[Callable[[Qwen3TTSConfig, TtsRequest], None]] = check_prompt,
+        encode: Optional[Encode] = None,
+        peers=None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         """``encode(audio, sample_rate, need_codes)`` runs the reference encoders (Base
         checkpoints; ``encoders.ReferenceEncoders.encode_async``); results are cached by
         ``voice_id`` in a ``cfg.voice_cache_size`` LRU. ``peers``: an object whose ``poll()``
@@ -172,10 +196,13 @@ class TtsService:
         self.cfg = cfg
         self.model_config = model_config
         self.limits = cfg.limits(model_config.task_type)
-        self.schedule = ScheduleConfig(first_chunk_frames=cfg.first_chunk_frames, ramp=tuple(cfg.chunk_ramp),
-                                       chunk_frames=cfg.chunk_frames,
-                                       # the stateful codec carries the past itself: no left context
-                                       left_context_frames=0 if cfg.codec_mode == "stateful" else cfg.left_context_frames)
+        self.schedule = ScheduleConfig(
+            first_chunk_frames=cfg.first_chunk_frames,
+            ramp=tuple(cfg.chunk_ramp),
+            chunk_frames=cfg.chunk_frames,
+            # the stateful codec carries the past itself: no left context
+            left_context_frames=0 if cfg.codec_mode == "stateful" else cfg.left_context_frames,
+        )
         self.admission = Admission(cfg.admission())
         self.talker = talker
         self.codec = codec
@@ -184,10 +211,13 @@ class TtsService:
         self.codec_states = LiveCounter(lambda n: self.metrics.codec_states_live(n))
         self.encode = encode
         m = self.metrics
-        self.voices = VoiceCache(cfg.voice_cache_size, on_hit=lambda: m.voice_cache_hit(),
-                                 on_miss=lambda: m.voice_cache_miss(),
-                                 on_evict=lambda n: m.voice_cache_evicted(n),
-                                 on_size=lambda n: m.voice_cache_size(n))
+        self.voices = VoiceCache(
+            cfg.voice_cache_size,
+            on_hit=lambda: m.voice_cache_hit(),
+            on_miss=lambda: m.voice_cache_miss(),
+            on_evict=lambda n: m.voice_cache_evicted(n),
+            on_size=lambda n: m.voice_cache_size(n),
+        )
         self.peers = peers
         self.clock = clock
         self.live: Dict[str, _Live] = {}
@@ -196,14 +226,17 @@ class TtsService:
     def parse(self, inputs: Mapping[str, Any]) -> TtsRequest:
         req = parse_tts_request(inputs, self.limits)
         if req.task_type != self.model_config.task_type:
-            raise RequestError("task_type", f"{req.task_type!r} is not served by this checkpoint; it serves "
-                               f"{self.model_config.task_type!r}")
+            raise RequestError(
+                "task_type",
+                f"{req.task_type!r} is not served by this checkpoint; it serves {self.model_config.task_type!r}",
+            )
         if self.prompt_check is not None:
             self.prompt_check(self.model_config, req)
         return req
 
-    async def handle(self, inputs: Mapping[str, Any], send: Sender,
-                     cancelled: Callable[[], bool] = lambda: False) -> None:
+    async def handle(
+        self, inputs: Mapping[str, Any], send: Sender, cancelled: Callable[[], bool] = lambda: False
+    ) -> None:
         """Serve one request end to end. Never raises; always sends exactly one final response."""
         t0 = time.monotonic()
         if self.broken is not None:
@@ -239,8 +272,15 @@ class TtsService:
             self.live.pop(rid, None)
             send.free()  # no-op when a FINAL already freed it
 
-    async def _serve(self, req: TtsRequest, send: "_FreeSlotBeforeFinal", cancelled: Callable[[], bool],
-                     rid: str, live: _Live, t0: float) -> None:
+    async def _serve(
+        self,
+        req: TtsRequest,
+        send: "_FreeSlotBeforeFinal",
+        cancelled: Callable[[], bool],
+        rid: str,
+        live: _Live,
+        t0: float,
+    ) -> None:
         finished = False
         session = None
         voice: Optional[ResolvedVoice] = None
@@ -274,13 +314,23 @@ class TtsService:
                 if getattr(session, "stateful", False):
                     await self._prime(session, prefix)
                     prefix = None
-            frames = _touching(self.talker.stream(rid, talker_inputs(
-                req, None if voice is None else voice.speaker_embedding,
-                None if voice is None else voice.ref_codes, schedule_sizes(self.schedule))), touch)
+            frames = _touching(
+                self.talker.stream(
+                    rid,
+                    talker_inputs(
+                        req,
+                        None if voice is None else voice.speaker_embedding,
+                        None if voice is None else voice.ref_codes,
+                        schedule_sizes(self.schedule),
+                    ),
+                ),
+                touch,
+            )
             scheduler = ChunkScheduler(self.schedule)
             collected = []
             first = True
             n_frames = 0
+
             async def decode(codes, left_context, _decode=session.decode):
                 t = time.monotonic()
                 try:
@@ -291,9 +341,14 @@ class TtsService:
                 return out
 
             async for chunk in stream_audio(
-                    frames, decode, scheduler, cancelled, prefix=prefix,
-                    left_context_frames=self.schedule.left_context_frames,
-                    on_first_frames=lambda: self.metrics.first_frames(time.monotonic() - t0)):
+                frames,
+                decode,
+                scheduler,
+                cancelled,
+                prefix=prefix,
+                left_context_frames=self.schedule.left_context_frames,
+                on_first_frames=lambda: self.metrics.first_frames(time.monotonic() - t0),
+            ):
                 n_frames += chunk.num_frames
                 if chunk.samples.size and first:
                     first = False
@@ -356,7 +411,7 @@ class TtsService:
         """Feed the reference codes to a stateful codec session; their audio is dropped."""
         step = max(1, self.cfg.chunk_frames)
         for i in range(0, prefix.shape[0], step):
-            await session.decode(prefix[i:i + step], 0)
+            await session.decode(prefix[i : i + step], 0)
 
     async def _abort(self, rid: str) -> None:
         if self.broken is not None:  # the talker may be the process that died: nothing would answer
@@ -373,8 +428,9 @@ class TtsService:
         if self.peers is not None and self.broken is None:
             dead = self.peers.poll()
             if dead:
-                what = "; ".join(f"the {s.model} model's process (instance {s.instance}, pid {s.pid}) died"
-                                 for s in dead)
+                what = "; ".join(
+                    f"the {s.model} model's process (instance {s.instance}, pid {s.pid}) died" for s in dead
+                )
                 self.broken = PeerDied(f"{what}: this server cannot serve until it is restarted")
                 log.error("%s", self.broken)
         now = self.clock()
@@ -386,8 +442,10 @@ class TtsService:
                 live.failure = self.broken
                 self.metrics.failed("peer_died")
             elif now - live.touched > deadline:
-                live.failure = Stalled(f"request_deadline_s: no progress for {now - live.touched:.1f} s "
-                                       f"(limit {deadline:g} s); the request was stopped")
+                live.failure = Stalled(
+                    f"request_deadline_s: no progress for {now - live.touched:.1f} s "
+                    f"(limit {deadline:g} s); the request was stopped"
+                )
                 self.metrics.failed("stalled")
             else:
                 continue

@@ -86,8 +86,9 @@ class _TalkerBLS:
             if finished:
                 self._hold(it)
             else:
-                threading.Thread(target=self._read_to_end, args=(it, pending, loop), daemon=True,
-                                 name="tts-bls-drain").start()
+                threading.Thread(
+                    target=self._read_to_end, args=(it, pending, loop), daemon=True, name="tts-bls-drain"
+                ).start()
 
     def _read_to_end(self, it, pending, loop):
         """The rest of an iterator whose reader stopped early, up to its FINAL; then hold it on
@@ -104,8 +105,12 @@ class _TalkerBLS:
             pass
 
     async def stream(self, request_id, inputs):
-        req = pb_utils.InferenceRequest(model_name=self.model_name, request_id=request_id,
-                                        inputs=tensors_from_dict(inputs), requested_output_names=["codes"])
+        req = pb_utils.InferenceRequest(
+            model_name=self.model_name,
+            request_id=request_id,
+            inputs=tensors_from_dict(inputs),
+            requested_output_names=["codes"],
+        )
         responses = self._read(await req.async_exec(decoupled=True))
         try:
             async for resp in responses:
@@ -128,7 +133,8 @@ class _TalkerBLS:
         req = pb_utils.InferenceRequest(
             model_name=self.model_name,
             inputs=[pb_utils.Tensor("abort_request_id", np.array([request_id.encode()], dtype=object))],
-            requested_output_names=["codes"])
+            requested_output_names=["codes"],
+        )
         responses = self._read(await req.async_exec(decoupled=True))
         try:
             async for _ in responses:
@@ -146,9 +152,12 @@ class _CodecBLS:
         n_new = codes.shape[0] - left_context
         t = bucket(codes.shape[0], self.frame_buckets)  # equal shapes batch in a TensorRT codec
         window = np.zeros((1, t, 16), np.int64)
-        window[0, :codes.shape[0]] = codes
-        req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=["audio_values"],
-                                        inputs=[pb_utils.Tensor("audio_codes", window)])
+        window[0, : codes.shape[0]] = codes
+        req = pb_utils.InferenceRequest(
+            model_name=self.model_name,
+            requested_output_names=["audio_values"],
+            inputs=[pb_utils.Tensor("audio_codes", window)],
+        )
         resp = await req.async_exec()
         if resp.has_error():
             raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
@@ -200,8 +209,7 @@ class _StatefulCodecBLS:
             inputs.append(pb_utils.Tensor("start", np.ones((1, 1), np.bool_)))
         else:
             inputs += [_send(s.input_name, state[s.name]) for s in self.specs]
-        req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=self.outputs,
-                                        inputs=inputs)
+        req = pb_utils.InferenceRequest(model_name=self.model_name, requested_output_names=self.outputs, inputs=inputs)
         resp = await req.async_exec()
         if resp.has_error():
             raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
@@ -233,16 +241,23 @@ class _ResidentCodecBLS:
         return resp
 
     async def step(self, codes, stream_id, start):
-        inputs = [pb_utils.Tensor("audio_codes", np.ascontiguousarray(codes, dtype=np.int64)[None]),
-                  pb_utils.Tensor("stream_id", np.array([[stream_id]], np.uint64))]
+        inputs = [
+            pb_utils.Tensor("audio_codes", np.ascontiguousarray(codes, dtype=np.int64)[None]),
+            pb_utils.Tensor("stream_id", np.array([[stream_id]], np.uint64)),
+        ]
         if start:
             inputs.append(pb_utils.Tensor("start", np.ones((1, 1), np.bool_)))
         resp = await self._call(inputs, ["audio_values"])
         return np.array(pb_utils.get_output_tensor_by_name(resp, "audio_values").as_numpy()[0])
 
     async def release(self, stream_id):
-        await self._call([pb_utils.Tensor("stream_id", np.array([[stream_id]], np.uint64)),
-                          pb_utils.Tensor("end", np.ones((1, 1), np.bool_))], ["audio_values"])
+        await self._call(
+            [
+                pb_utils.Tensor("stream_id", np.array([[stream_id]], np.uint64)),
+                pb_utils.Tensor("end", np.ones((1, 1), np.bool_)),
+            ],
+            ["audio_values"],
+        )
 
 
 class _Sender:
@@ -267,8 +282,10 @@ class _Sender:
         name = error_code_name(err)
         # gRPC/HTTP streaming carry only the message, so it starts with the code name too.
         msg = f"[{name}] {err}"
-        self._send(pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, getattr(pb_utils.TritonError, name))),
-                   pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        self._send(
+            pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, getattr(pb_utils.TritonError, name))),
+            pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+        )
 
     def _send(self, resp, flags):
         if self.sender is None:
@@ -310,14 +327,21 @@ class TritonPythonModel:
             from triton_qwen3_tts.serving.tts.encoders import ReferenceEncoders
 
             runs = self._metrics
-            self.encoders = ReferenceEncoders(self.cfg.checkpoint, self.cfg.encoder_device,
-                                              on_run=lambda name: runs[f"enc_{name}"].increment(1))
+            self.encoders = ReferenceEncoders(
+                self.cfg.checkpoint, self.cfg.encoder_device, on_run=lambda name: runs[f"enc_{name}"].increment(1)
+            )
         self.talker = _TalkerBLS(self.cfg.talker_model, self.cfg.max_in_flight + self.cfg.max_queued)
         # the talker's and codec's stub processes: siblings of this one (children of tritonserver)
         peers = StubWatch(os.getppid(), (self.cfg.talker_model, self.cfg.codec_model))
-        self.service = TtsService(self.cfg, ckpt, self.talker, codec, self.metrics,
-                                  encode=None if self.encoders is None else self.encoders.encode_async,
-                                  peers=peers)
+        self.service = TtsService(
+            self.cfg,
+            ckpt,
+            self.talker,
+            codec,
+            self.metrics,
+            encode=None if self.encoders is None else self.encoders.encode_async,
+            peers=peers,
+        )
         # The service runs on its own event loop thread, so execute() returns at once (decoupled).
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
@@ -330,58 +354,93 @@ class TritonPythonModel:
         # one label set per instance: with tts_instances > 1 each stub reports its own series
         labels = {"model": "tts", "instance": self._instance}
         self._families = {
-            "ttfa": M(name="qwen3_tts_time_to_first_audio_seconds",
-                      description="Time from request arrival to the first audio chunk", kind=M.HISTOGRAM),
-            "ttff": M(name="qwen3_tts_time_to_first_frames_seconds",
-                      description="Time from request arrival to the talker's first frames (TTFA minus "
-                                  "the first codec call and the send)", kind=M.HISTOGRAM),
+            "ttfa": M(
+                name="qwen3_tts_time_to_first_audio_seconds",
+                description="Time from request arrival to the first audio chunk",
+                kind=M.HISTOGRAM,
+            ),
+            "ttff": M(
+                name="qwen3_tts_time_to_first_frames_seconds",
+                description="Time from request arrival to the talker's first frames (TTFA minus "
+                "the first codec call and the send)",
+                kind=M.HISTOGRAM,
+            ),
             "frames": M(name="qwen3_tts_frames_total", description="Codec frames decoded", kind=M.COUNTER),
             "secs": M(name="qwen3_tts_audio_seconds_total", description="Audio seconds produced", kind=M.COUNTER),
             "infl": M(name="qwen3_tts_requests_in_flight", description="Requests being served", kind=M.GAUGE),
-            "refused": M(name="qwen3_tts_requests_refused_total",
-                         description="Requests refused at the admission limit", kind=M.COUNTER),
-            "cancelled": M(name="qwen3_tts_requests_cancelled_total",
-                           description="Requests cancelled by the client", kind=M.COUNTER),
-            "states": M(name="qwen3_tts_codec_states_live",
-                        description="Streams holding stateful-codec state", kind=M.GAUGE),
-            "vhit": M(name="qwen3_tts_voice_cache_hits_total",
-                      description="Base requests whose voice_id was served from the voice cache (no encoder ran)",
-                      kind=M.COUNTER),
-            "vmiss": M(name="qwen3_tts_voice_cache_misses_total",
-                       description="Base requests with a voice_id not served from the voice cache", kind=M.COUNTER),
-            "vevict": M(name="qwen3_tts_voice_cache_evictions_total",
-                        description="Voices evicted from the voice cache (least recently used)", kind=M.COUNTER),
-            "vsize": M(name="qwen3_tts_voice_cache_entries", description="Voices in the voice cache",
-                       kind=M.GAUGE),
-            "enc": M(name="qwen3_tts_reference_encoder_runs_total",
-                     description="Reference encoder runs (encoder=speaker|codec)", kind=M.COUNTER),
-            "failed": M(name="qwen3_tts_requests_failed_total",
-                        description="Requests the watchdog ended (reason=stalled: no progress for "
-                                    "request_deadline_s; reason=peer_died: the talker or codec process died)",
-                        kind=M.COUNTER),
+            "refused": M(
+                name="qwen3_tts_requests_refused_total",
+                description="Requests refused at the admission limit",
+                kind=M.COUNTER,
+            ),
+            "cancelled": M(
+                name="qwen3_tts_requests_cancelled_total",
+                description="Requests cancelled by the client",
+                kind=M.COUNTER,
+            ),
+            "states": M(
+                name="qwen3_tts_codec_states_live", description="Streams holding stateful-codec state", kind=M.GAUGE
+            ),
+            "vhit": M(
+                name="qwen3_tts_voice_cache_hits_total",
+                description="Base requests whose voice_id was served from the voice cache (no encoder ran)",
+                kind=M.COUNTER,
+            ),
+            "vmiss": M(
+                name="qwen3_tts_voice_cache_misses_total",
+                description="Base requests with a voice_id not served from the voice cache",
+                kind=M.COUNTER,
+            ),
+            "vevict": M(
+                name="qwen3_tts_voice_cache_evictions_total",
+                description="Voices evicted from the voice cache (least recently used)",
+                kind=M.COUNTER,
+            ),
+            "vsize": M(name="qwen3_tts_voice_cache_entries", description="Voices in the voice cache", kind=M.GAUGE),
+            "enc": M(
+                name="qwen3_tts_reference_encoder_runs_total",
+                description="Reference encoder runs (encoder=speaker|codec)",
+                kind=M.COUNTER,
+            ),
+            "failed": M(
+                name="qwen3_tts_requests_failed_total",
+                description="Requests the watchdog ended (reason=stalled: no progress for "
+                "request_deadline_s; reason=peer_died: the talker or codec process died)",
+                kind=M.COUNTER,
+            ),
         }
         f = self._families
-        self._metrics = {k: (f[k].Metric(labels=labels, buckets=[0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
-                             if k in ("ttfa", "ttff") else f[k].Metric(labels=labels))
-                         for k in f if k not in ("enc", "failed")}
+        self._metrics = {
+            k: (
+                f[k].Metric(labels=labels, buckets=[0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1, 2, 5])
+                if k in ("ttfa", "ttff")
+                else f[k].Metric(labels=labels)
+            )
+            for k in f
+            if k not in ("enc", "failed")
+        }
         for name in ("speaker", "codec"):
             self._metrics[f"enc_{name}"] = f["enc"].Metric(labels={**labels, "encoder": name})
         for reason in ("stalled", "peer_died"):
             self._metrics[f"failed_{reason}"] = f["failed"].Metric(labels={**labels, "reason": reason})
         m = self._metrics
         # codec_call goes to the profiler only: a metric update per chunk is one more IPC per chunk
-        self.metrics = Metrics(first_audio=m["ttfa"].observe, first_frames=m["ttff"].observe,
-                               codec_call=lambda s: profiling.timing("codec_call", s),
-                               frames=m["frames"].increment,
-                               audio_seconds=m["secs"].increment, in_flight=m["infl"].set,
-                               refused=lambda: m["refused"].increment(1),
-                               aborted=lambda: m["cancelled"].increment(1),
-                               codec_states_live=m["states"].set,
-                               voice_cache_hit=lambda: m["vhit"].increment(1),
-                               voice_cache_miss=lambda: m["vmiss"].increment(1),
-                               voice_cache_evicted=m["vevict"].increment,
-                               voice_cache_size=m["vsize"].set,
-                               failed=lambda reason: m[f"failed_{reason}"].increment(1))
+        self.metrics = Metrics(
+            first_audio=m["ttfa"].observe,
+            first_frames=m["ttff"].observe,
+            codec_call=lambda s: profiling.timing("codec_call", s),
+            frames=m["frames"].increment,
+            audio_seconds=m["secs"].increment,
+            in_flight=m["infl"].set,
+            refused=lambda: m["refused"].increment(1),
+            aborted=lambda: m["cancelled"].increment(1),
+            codec_states_live=m["states"].set,
+            voice_cache_hit=lambda: m["vhit"].increment(1),
+            voice_cache_miss=lambda: m["vmiss"].increment(1),
+            voice_cache_evicted=m["vevict"].increment,
+            voice_cache_size=m["vsize"].set,
+            failed=lambda reason: m[f"failed_{reason}"].increment(1),
+        )
 
     def execute(self, requests):
         for request in requests:

@@ -35,8 +35,15 @@ import numpy as np
 
 from triton_qwen3_tts.serving.tts.request import RequestError, TtsRequest
 
-__all__ = ["Voice", "VoiceCache", "VoiceCacheStats", "ResolvedVoice", "fingerprint", "resolve_voice",
-           "MAX_VOICE_CACHE_SIZE"]
+__all__ = [
+    "Voice",
+    "VoiceCache",
+    "VoiceCacheStats",
+    "ResolvedVoice",
+    "fingerprint",
+    "resolve_voice",
+    "MAX_VOICE_CACHE_SIZE",
+]
 
 MAX_VOICE_CACHE_SIZE = 100_000
 
@@ -77,10 +84,14 @@ class VoiceCache:
     ``on_size(entries)``.
     """
 
-    def __init__(self, capacity: int, on_hit: Callable[[], None] = lambda: None,
-                 on_miss: Callable[[], None] = lambda: None,
-                 on_evict: Callable[[int], None] = lambda n: None,
-                 on_size: Callable[[int], None] = lambda n: None):
+    def __init__(
+        self,
+        capacity: int,
+        on_hit: Callable[[], None] = lambda: None,
+        on_miss: Callable[[], None] = lambda: None,
+        on_evict: Callable[[int], None] = lambda n: None,
+        on_size: Callable[[int], None] = lambda n: None,
+    ):
         if isinstance(capacity, bool) or not isinstance(capacity, int) or not 0 <= capacity <= MAX_VOICE_CACHE_SIZE:
             raise ValueError(f"voice cache capacity must be an int in [0, {MAX_VOICE_CACHE_SIZE}], got {capacity!r}")
         self.capacity = capacity
@@ -147,8 +158,7 @@ class ResolvedVoice:
 
     def apply(self, req: TtsRequest) -> TtsRequest:
         """``req`` with the resolved mode and transcript (what ``talker_inputs`` reads)."""
-        return replace(req, x_vector_only=self.x_vector_only,
-                       ref_text=None if self.x_vector_only else self.ref_text)
+        return replace(req, x_vector_only=self.x_vector_only, ref_text=None if self.x_vector_only else self.ref_text)
 
 
 # encode(audio, sample_rate, need_codes) -> (speaker_embedding [D] float32, codes [R, 16] or None)
@@ -179,19 +189,30 @@ async def resolve_voice(req: TtsRequest, cache: VoiceCache, encode: Encode) -> R
                     ref_text = req.ref_text  # same audio, corrected transcript: keep it
                     cache.put(vid, replace(entry, ref_text=ref_text))
                 cache.hit()
-                return ResolvedVoice(entry.speaker_embedding, None if xvo else entry.ref_codes,
-                                     None if xvo else ref_text, bool(xvo), True)
+                return ResolvedVoice(
+                    entry.speaker_embedding,
+                    None if xvo else entry.ref_codes,
+                    None if xvo else ref_text,
+                    bool(xvo),
+                    True,
+                )
             if fp is None:  # voice_id alone, in-context asked of an x-vector-only entry
                 cache.miss()
-                raise RequestError("x_vector_only", f"voice_id {vid!r} was stored by an x-vector-only request "
-                                   "and has no reference codes; send x_vector_only=true, or send ref_audio, "
-                                   "ref_sample_rate and ref_text to store it for in-context cloning")
+                raise RequestError(
+                    "x_vector_only",
+                    f"voice_id {vid!r} was stored by an x-vector-only request "
+                    "and has no reference codes; send x_vector_only=true, or send ref_audio, "
+                    "ref_sample_rate and ref_text to store it for in-context cloning",
+                )
         cache.miss()
         if req.ref_audio is None:
-            raise RequestError("voice_id", f"unknown voice_id {vid!r}: it is not in the voice cache (never "
-                               f"stored, or evicted: the cache keeps the {cache.capacity} most recently used "
-                               "voices); send ref_audio and ref_sample_rate (and ref_text for in-context "
-                               "cloning) with this voice_id to store it")
+            raise RequestError(
+                "voice_id",
+                f"unknown voice_id {vid!r}: it is not in the voice cache (never "
+                f"stored, or evicted: the cache keeps the {cache.capacity} most recently used "
+                "voices); send ref_audio and ref_sample_rate (and ref_text for in-context "
+                "cloning) with this voice_id to store it",
+            )
 
     xvo = bool(req.x_vector_only)
     spk, codes = await encode(req.ref_audio, req.ref_sample_rate, not xvo)
@@ -199,6 +220,5 @@ async def resolve_voice(req: TtsRequest, cache: VoiceCache, encode: Encode) -> R
     if codes is not None:
         codes = np.ascontiguousarray(codes, dtype=np.int32)
     if vid is not None:
-        cache.put(vid, Voice(spk.copy(), None if codes is None else codes.copy(),
-                             None if xvo else req.ref_text, fp))
+        cache.put(vid, Voice(spk.copy(), None if codes is None else codes.copy(), None if xvo else req.ref_text, fp))
     return ResolvedVoice(spk, codes, None if xvo else req.ref_text, xvo, False)
