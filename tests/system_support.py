@@ -90,7 +90,8 @@ def make_reference(checkpoint):
 def server_state(server):
     """A line for assertion messages: whether the server still runs, and if not its log's end.
     Triton 2.51 (the CPU test server) can die with "Signal (11)" in its gRPC frontend after
-    stream cancellations (a race fixed upstream in Triton 25.04, server PR 8078); a test that
+    stream cancellations (a race fixed upstream in Triton 25.04,
+    https://github.com/triton-inference-server/server/pull/8078); a test that
     fails because the server died must say so, not only "Socket closed"."""
     if server.proc is not None and server.proc.poll() is not None:
         return f"tritonserver DIED (exit {server.proc.returncode}); log tail:\n{server.log_tail(40)}"

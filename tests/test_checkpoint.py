@@ -175,7 +175,7 @@ def test_missing_directory_and_files(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
-# Layout of the real presets (meta device) against spec 6.1 / 5.7.
+# Layout of the real presets (meta device) against the released checkpoints' parameter counts.
 
 SPEC_6_1 = {  # preset: (tensors, params) of model.safetensors
     "0.6b-base": (478, 914_643_008),
@@ -335,7 +335,7 @@ def test_error_missing_file(tiny_checkpoint, tmp_path):
     with pytest.raises(
         CheckpointError,
         match=r"missing file\(s\) speech_tokenizer/model.safetensors\. "
-        r"Required \(spec 6.2\): config.json",
+        r"Required: config.json",
     ):
         load_checkpoint(d)
     # Without the speech tokenizer it is not needed.

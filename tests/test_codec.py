@@ -49,7 +49,7 @@ def dec() -> CodecDecoder:
 
 
 def test_real_size_parameter_count_matches_spec(real_meta):
-    """Spec 5.7: 114,323,137. Every checkpoint tensor (codebooks included) is a parameter, as in
+    """The released decoder has 114,323,137. Every checkpoint tensor (codebooks included) is a parameter, as in
     the official module, so parameters() and the state dict give the same total."""
     assert sum(p.numel() for p in real_meta.parameters()) == 114_323_137
     assert sum(v.numel() for v in real_meta.state_dict().values()) == 114_323_137

@@ -1,4 +1,4 @@
-"""Tests for triton_qwen3_tts.model.codec_encoder (speech-tokenizer encoder, spec 5.6/5.7/6.3)."""
+"""Tests for triton_qwen3_tts.model.codec_encoder (speech-tokenizer encoder: config, size, key names)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_real_size_counts_and_keys_on_meta():
     sd = enc.state_dict()
     total = sum(t.numel() for t in sd.values())
     assert len(sd) == 225
-    assert total == 56_234_304  # spec 5.7, counting the codebook buffers
+    assert total == 56_234_304  # the released encoder, counting the codebook buffers
     parts = {
         "encoder.": 12_628_256,
         "encoder_transformer.": 25_190_400,

@@ -1,4 +1,4 @@
-"""Stateful streaming codec decoder (issue 9): chunked stateful decode == whole-utterance decode.
+"""Stateful streaming codec decoder: chunked stateful decode == whole-utterance decode.
 
 The tiny decoder has 2 attention layers (reach 2 * 71 = 142 frames), so 200-frame utterances
 exercise the KV shift buffer past its wrap and past the full attention reach.

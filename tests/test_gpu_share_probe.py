@@ -1,4 +1,4 @@
-"""scripts/gpu_share_probe.py (issue 7) needs a GPU; here only its argument checks and the clean
+"""scripts/gpu_share_probe.py needs a GPU; here only its argument checks and the clean
 exit without CUDA are tested (the H100 figures are in docs/benchmarks.md)."""
 
 import os

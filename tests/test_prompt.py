@@ -1,4 +1,4 @@
-"""Prompt layout (spec 3.2) for every task type, language and speaker; validation; embedding.
+"""Prompt layout for every task type, language and speaker; validation; embedding.
 
 Uses a tiny deterministic word tokenizer (one id per space-separated word, the real ids for the
 chat markers), so that token counts are exact and the tests stay fast. The real Qwen2 tokenizer
@@ -76,7 +76,7 @@ def build(c, **kw) -> PromptLayout:
     return build_prompt(c, TOK, PromptRequest(**kw))
 
 
-# ------------------------------------------------------------------ lengths table (spec 3.2)
+# ------------------------------------------------------------------ lengths table
 
 
 def test_lengths_table():
@@ -423,7 +423,7 @@ def test_embed_prompt_sums_components():
         if r == lay.speaker_row:
             want = want + sv
         torch.testing.assert_close(emb[r], want, rtol=0, atol=0)
-    # spot checks against the spec's formulas
+    # spot checks against the layout's formulas (model/prompt.py docstring)
     torch.testing.assert_close(emb[0], T(IM_START), rtol=0, atol=0)
     torch.testing.assert_close(emb[lay.speaker_row], T(PAD_T) + sv, rtol=0, atol=0)
     torch.testing.assert_close(emb[-1], F(3) + T(PAD_T), rtol=0, atol=0)

@@ -1,4 +1,4 @@
-"""Codebook-0 and residual sampling (spec 3.3): each processor on hand-computed examples."""
+"""Codebook-0 and residual sampling: each processor on hand-computed examples."""
 
 import math
 

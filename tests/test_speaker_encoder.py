@@ -1,4 +1,4 @@
-"""Tests for triton_qwen3_tts.model.speaker_encoder (ECAPA-TDNN, spec section 4)."""
+"""Tests for triton_qwen3_tts.model.speaker_encoder (ECAPA-TDNN)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from triton_qwen3_tts.model.speaker_encoder import (
 
 
 def _official_keys(scale: int = 8) -> set[str]:
-    """The checkpoint's ``speaker_encoder.*`` names (spec 6.3) without the prefix."""
+    """The checkpoint's ``speaker_encoder.*`` names without the prefix."""
     convs = ["blocks.0.conv", "mfa.conv", "asp.tdnn.conv", "asp.conv", "fc"]
     for b in (1, 2, 3):
         convs += [
@@ -51,7 +51,7 @@ def test_real_size_param_count_and_keys(enc_dim, expected):
     assert set(sd) == _official_keys(8)
     assert sum(t.numel() for t in sd.values()) == expected
     assert sum(p.numel() for p in enc.parameters()) == expected  # no buffers
-    # Shapes named in spec 4: k5 TDNN 128->512, 7 res2net convs at 64 ch k3, MFA 1536, ASP 4608->128.
+    # The official shapes: k5 TDNN 128->512, 7 res2net convs at 64 ch k3, MFA 1536, ASP 4608->128.
     assert tuple(sd["blocks.0.conv.weight"].shape) == (512, 128, 5)
     assert tuple(sd["blocks.2.res2net_block.blocks.6.conv.weight"].shape) == (64, 64, 3)
     assert tuple(sd["blocks.1.se_block.conv1.weight"].shape) == (128, 512, 1)

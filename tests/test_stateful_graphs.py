@@ -1,6 +1,7 @@
 """CUDA-graph runner of the stateful codec (serving/codec/graphs.py) and its config.
 
-The graphs themselves need a GPU (scripts/check_stateful_graphs.py, run by the lead on an H100).
+The graphs themselves need a GPU (scripts/check_stateful_graphs.py; its H100 output is in
+docs/bench/stateful_graphs_h100/).
 Here the runner runs with ``capture=False``: the same staging into static buffers, zero-row
 padding up to the batch bucket and slicing back, with the padded step called eagerly. Checked
 against per-row, unpadded ``sd.step`` on the tiny checkpoint (fp32) with non-zero states at

@@ -1,4 +1,4 @@
-"""Serving the stateful codec (issue 9).
+"""Serving the stateful codec (docs/design/stateful-codec.md).
 
 Unit: grouping/stacking with a fake decoder and with the tiny StatefulCodecDecoder, request
 validation, the pbtxt state I/O, the repository's codec_mode, and TtsService with a fake stateful
@@ -497,7 +497,7 @@ def test_system_resident_codec_direct_requests(server, tiny_checkpoint):
 @pytest.mark.system
 @pytest.mark.vllm
 def test_system_stateful_stream_vs_the_windowed_path(server, reference, tiny_checkpoint):
-    """Issue 9: a 120-frame stream through the stateful codec equals the windowed path's audio
+    """A 120-frame stream through the stateful codec equals the windowed path's audio
     (the tts chunk schedule with 72 frames of left context, decoded here with the same decoder)
     within that path's own window error, measured here against the whole decode, and the whole
     decode within 1e-4. 120 frames: later chunks lose context beyond 72 frames, so the windowed

@@ -229,7 +229,7 @@ def test_stream_decode_checks_decoder_output_length():
 
 def test_stream_decode_with_the_tiny_codec_decoder_matches_whole_decode():
     """With left context covering the whole prefix, stateless chunked decoding of the package's
-    causal codec equals a whole-utterance decode up to float noise (spec 5.3)."""
+    causal codec equals a whole-utterance decode up to float noise."""
     torch = pytest.importorskip("torch")
     codec = importlib.import_module("triton_qwen3_tts.model.codec")
     from triton_qwen3_tts.model.config import SpeechTokenizerConfig

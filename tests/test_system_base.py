@@ -5,7 +5,7 @@ project's client.
 The expected audio is the reference model's greedy synthesis, built as the official wrapper
 does it: resample the reference to 24 kHz, x-vector from the speaker encoder, codes from the
 codec encoder (in-context mode), the package's prompt builder and generate loop, then one whole
-decode of ``concat(ref_codes, generated)`` with the reference's samples dropped (spec 3.5).
+decode of ``concat(ref_codes, generated)`` with the reference's samples dropped (the official wrapper's output).
 Left context 150 frames covers the tiny decoder's receptive field, so the stream equals that
 whole decode (see test_system_tts.py).
 """

@@ -1,4 +1,4 @@
-"""The tts model works unchanged with the native talker engine (issue 7): real tritonserver,
+"""The tts model works unchanged with the native talker engine: real tritonserver,
 `engine: native` on CPU (eager), tiny random checkpoint, Python codec.
 
 The server has the README's limits (max_frames_limit 4096, default_max_frames 2048,

@@ -1,5 +1,5 @@
-"""Reference talker: key names (spec 6.3), parameter counts (spec 6.1), KV cache, frame embedding,
-code predictor (spec 2.3) and the generation loop (spec 3.3)."""
+"""Reference talker: key names and parameter counts of the released model.safetensors, KV cache,
+frame embedding, code predictor and the generation loop (as the official code runs them)."""
 
 import copy
 import os
@@ -38,7 +38,7 @@ def cfg(name, talker_hidden=None):
     return Qwen3TTSConfig.from_dict(d)
 
 
-# spec 6.1: (tensors, params) of model.safetensors
+# (tensors, params) of the released model.safetensors files
 SPEC = {
     "0.6b-customvoice": (402, 905_788_672),
     "1.7b-customvoice": (404, 1_916_676_352),
@@ -57,7 +57,7 @@ def test_real_size_counts_match_spec(preset):
 
 
 def spec_keys(c: Qwen3TTSConfig):
-    """Key set written independently from the patterns of spec 6.3."""
+    """Key set written independently from the key patterns of the released checkpoints."""
     keys = set()
     layer = [
         "self_attn.q_proj.weight",
@@ -223,7 +223,7 @@ def test_predictor_codes_in_range(which, request):
 
 @pytest.mark.parametrize("which", ["tiny", "tiny_proj"])
 def test_predictor_steps_equal_recompute(which, request):
-    """Spec 2.3 from scratch: [h, C(c0), E_1(c1) .. E_14(c14)] -> projection -> layers at positions
+    """The official predictor, from scratch: [h, C(c0), E_1(c1) .. E_14(c14)] -> projection -> layers at positions
     0..15; lm_head[j-1] on row j predicts c_j. The cached 15-step predictor must agree."""
     t = request.getfixturevalue(which)
     cp = t.code_predictor
@@ -292,7 +292,7 @@ def test_generate_min_new_tokens_and_eos_stop(tiny):
 
 
 def test_generate_feeds_frame_plus_trailing_text(tiny):
-    """Decode input g = F(frame_g) + trailing[g] for g < N, then tts_pad (spec 3.3); positions
+    """Decode input g = F(frame_g) + trailing[g] for g < N, then tts_pad; positions
     continue after the prompt; on_frame sees every frame in order."""
     pe, tr, pad = _inputs(64, L=6, N=2)
     calls = []

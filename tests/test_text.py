@@ -1,4 +1,4 @@
-"""Text tokenizer files converted from qwen.tiktoken, templates of spec 3.1, and equality of the
+"""Text tokenizer files converted from qwen.tiktoken, the official chat templates, and equality of the
 resulting Hugging Face tokenizer with tiktoken (the reference BPE) on English and Chinese text."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_files_shape(tok_dir):
     assert len(vocab) == 151643 and sorted(vocab.values()) == list(range(151643))
     lines = (tok_dir / "merges.txt").read_text(encoding="utf-8").splitlines()
     assert lines[0] == "#version: 0.2"
-    # Qwen2's merges.txt has 151,387 merges (1.67 MB, spec 6.2): one per reachable multi-byte token
+    # Qwen2's merges.txt has 151,387 merges (1.67 MB in the released checkpoints): one per reachable multi-byte token
     assert len(lines) - 1 == 151387
     assert lines[1] == "Ġ Ġ"  # rank-256 token is two spaces
     cfg = json.loads((tok_dir / "tokenizer_config.json").read_text(encoding="utf-8"))

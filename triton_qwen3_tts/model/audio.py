@@ -1,7 +1,7 @@
 """Audio front end for Base (voice-clone) prompts: validation, resampling and the mel spectrogram.
 
-Follows ``shared/reference/qwen3_tts_spec.md`` section 4 (mel front end of the speaker encoder)
-and the official wrapper's audio handling:
+Follows the official speaker encoder's mel front end and the official wrapper's audio handling
+(https://github.com/QwenLM/Qwen3-TTS):
 
 - Reference audio is mono float32 at 24 kHz before it reaches the speaker encoder or the
   speech-tokenizer encoder. The official package resamples with ``librosa.resample``, whose

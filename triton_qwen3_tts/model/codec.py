@@ -1,4 +1,4 @@
-"""Speech-tokenizer decoder (Qwen3-TTS-Tokenizer-12Hz codec) in plain PyTorch (spec section 5).
+"""Speech-tokenizer decoder (Qwen3-TTS-Tokenizer-12Hz codec) in plain PyTorch.
 
 16-code frames -> 24 kHz audio, 1920 samples per frame, strictly causal. Module names give exactly
 the official ``decoder.*`` keys of ``speech_tokenizer/model.safetensors`` (without the prefix), so
@@ -394,7 +394,7 @@ class CodecDecoder(nn.Module):
         return self.decode(codes)[:, left_context * self.samples_per_frame :]
 
     def decode_official(self, codes: torch.Tensor, chunk: int = 300, context: int = 25) -> torch.Tensor:
-        """The official non-streaming ``chunked_decode`` of one utterance (spec 5.4):
+        """The official non-streaming ``chunked_decode`` of one utterance:
         ``codes [T, 16] -> [T * 1920]``. 300-frame chunks, each with up to 25 frames of context."""
         c = codes.t()[None]  # [1, 16, T]
         total = c.shape[-1]
@@ -417,13 +417,13 @@ WEIGHT_GAIN = 0.78
 
 @torch.no_grad()
 def init_random_codec_weights(decoder: CodecDecoder, seed: int = 0, audible: bool = True) -> CodecDecoder:
-    """Deterministic random weights that decode to audible noise (spec 7, points 2-3).
+    """Deterministic random weights that decode to audible noise.
 
     * ``cluster_usage`` = 1: it divides ``embedding_sum`` after a clamp at 1e-5, so it must be
       positive or the code vectors explode; ``embedding_sum`` ~ N(0, 1).
     * The official init values (LayerScale 0.01, ConvNeXt gamma 1e-6) make the transformer and
       ConvNeXt branches nearly vanish, and with the official small weight std the whole decoder
-      is near-silent (spec 7.3), which hides bugs. ``audible=True`` (default) sets LayerScale and
+      is near-silent, which hides bugs. ``audible=True`` (default) sets LayerScale and
       gamma to 0.1 so those branches contribute visibly; ``audible=False`` keeps 0.01 / 1e-6.
       SnakeBeta alpha = beta = 0 (exp = 1) either way.
     * Other weights: N(0, (0.78 / sqrt(fan_in))^2), biases 0, norm weights 1. The gain of the

@@ -1,6 +1,6 @@
 """Speech-tokenizer encoder: reference audio (24 kHz) -> codec codes ``[T, 16]`` for Base ICL.
 
-Follows ``shared/reference/qwen3_tts_spec.md`` section 5.6. The official encoder
+Follows the official code (https://github.com/QwenLM/Qwen3-TTS). The official encoder
 (``Qwen3TTSTokenizerV2Encoder``) is Hugging Face ``MimiModel`` with ``upsample``,
 ``decoder_transformer`` and ``decoder`` set to None; we do the same, so the state-dict keys are
 exactly the checkpoint's ``encoder.*`` keys without the prefix:

@@ -1,8 +1,10 @@
 """Typed configs parsed from the official Qwen3-TTS 12 Hz checkpoint files.
 
-Follows ``shared/reference/qwen3_tts_spec.md`` (sections 1, 2, 4, 5, 7). The official
-``config.json`` carries a few keys that are *not* named arguments of the official config
-classes and so only reach the model as extra JSON attributes (``talker_config.text_vocab_size``,
+Field names and defaults follow the official config classes (https://github.com/QwenLM/Qwen3-TTS)
+and the released ``config.json`` files
+(e.g. https://huggingface.co/Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice). The official ``config.json``
+carries a few keys that are *not* named arguments of the official config classes and so only
+reach the model as extra JSON attributes (``talker_config.text_vocab_size``,
 ``talker_config.head_dim``, the tokenizer decoder's ``codebook_dim`` and ``head_dim``). We read
 every field explicitly so that none of them is silently replaced by a default.
 
@@ -59,7 +61,7 @@ def _to_dict(obj) -> dict:
 
 @dataclass(frozen=True)
 class CodePredictorConfig:
-    """``talker_config.code_predictor_config`` (spec section 2.1)."""
+    """``talker_config.code_predictor_config``: the same for both model sizes."""
 
     hidden_size: int
     intermediate_size: int
@@ -95,7 +97,7 @@ class CodePredictorConfig:
 
 @dataclass(frozen=True)
 class TalkerConfig:
-    """``talker_config`` (spec sections 1.1, 1.5)."""
+    """``talker_config``: dimensions, RoPE and the codec / language / speaker ids."""
 
     hidden_size: int
     intermediate_size: int
@@ -154,7 +156,7 @@ class TalkerConfig:
         rope_scaling = d.get("rope_scaling")
         if rope_scaling is not None:
             # S1 reads both keys unconditionally; the values are irrelevant because with three
-            # identical position streams the interleaved M-RoPE equals plain 1-D RoPE (spec 1.3).
+            # identical position streams the interleaved M-RoPE equals plain 1-D RoPE bit for bit.
             for key in ("interleaved", "mrope_section"):
                 if key not in rope_scaling:
                     raise ConfigError(f"{w}.rope_scaling: missing key '{key}'")
@@ -198,7 +200,7 @@ class TalkerConfig:
 
 @dataclass(frozen=True)
 class SpeakerEncoderConfig:
-    """``speaker_encoder_config`` (spec section 4); present for Base models only."""
+    """``speaker_encoder_config`` (ECAPA-TDNN); present for Base models only."""
 
     mel_dim: int = 128
     enc_dim: int = 1024
@@ -241,7 +243,7 @@ class Qwen3TTSConfig:
 
     @property
     def supported_languages(self) -> list:
-        """ "auto" plus every language id that is not a dialect (spec 1.5)."""
+        """ "auto" plus every language id that is not a dialect (``codec_language_id``)."""
         return ["auto"] + sorted(k for k in self.talker.codec_language_id if "dialect" not in k)
 
     @property
@@ -289,7 +291,7 @@ class Qwen3TTSConfig:
 
 @dataclass(frozen=True)
 class CodecDecoderConfig:
-    """``speech_tokenizer/config.json`` -> ``decoder_config`` (spec section 5.1)."""
+    """``speech_tokenizer/config.json`` -> ``decoder_config``."""
 
     codebook_size: int
     codebook_dim: int  # extra JSON key; per-codebook vector width is codebook_dim // 2
@@ -327,7 +329,7 @@ class CodecDecoderConfig:
         if nsq != 1:
             raise ConfigError(f"{w}: num_semantic_quantizers={nsq}; only 1 is supported")
         # semantic_codebook_size (4096) is present in the file but unused: the checkpoint's
-        # semantic codebook has codebook_size rows like the others (spec 5.1). Ignored on purpose.
+        # semantic codebook has codebook_size rows like the others. Ignored on purpose.
         return cls(
             codebook_size=int(_get(d, "codebook_size", w)),
             codebook_dim=int(_get(d, "codebook_dim", w)),
@@ -353,7 +355,7 @@ class CodecDecoderConfig:
 
 @dataclass(frozen=True)
 class SpeechTokenizerConfig:
-    """``speech_tokenizer/config.json`` (spec section 5)."""
+    """``speech_tokenizer/config.json`` (the Qwen3-TTS-Tokenizer-12Hz codec)."""
 
     encoder_valid_num_quantizers: int
     input_sample_rate: int
@@ -396,7 +398,8 @@ class SpeechTokenizerConfig:
 
 @dataclass(frozen=True)
 class GenerationDefaults:
-    """``generation_config.json`` merged over the wrapper's hard-coded defaults (spec 3.4).
+    """``generation_config.json`` merged over the wrapper's hard-coded defaults (the same values,
+    except ``max_new_tokens``: 8192 in the file, 2048 in the wrapper).
 
     ``min_new_tokens`` and the suppression of special codec ids are hard-coded in the official
     wrapper, not read from the file.

@@ -1,10 +1,11 @@
 """Prompt front end shared by the talker engines: request fields -> prompt embeddings.
 
 Both engines (vLLM and native) consume ``prompt_embeds [L, D]`` and the trailing text rows
-``[N, D]`` (spec 3.2-3.3). Building them needs the text tokenizer and four embedding tables of the
-checkpoint, not the transformer; this module loads exactly those tensors from ``model.safetensors``
-(names as in the official checkpoint), so a server process does not hold a second copy of the
-talker's layers. Embedding work runs on the CPU in float32 by default: a prompt is tens of rows.
+``[N, D]`` (layout: :mod:`triton_qwen3_tts.model.prompt`). Building them needs the text tokenizer
+and four embedding tables of the checkpoint, not the transformer; this module loads exactly those
+tensors from ``model.safetensors`` (names as in the official checkpoint), so a server process does
+not hold a second copy of the talker's layers. Embedding work runs on the CPU in float32 by
+default: a prompt is tens of rows.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Reference generation loop (spec 3.3): prompt embeddings -> codec frames ``[T, 16]``.
+"""Reference generation loop: prompt embeddings -> codec frames ``[T, 16]``.
 
 Why: this is the exact, seedable, one-request loop that serving engines are compared with.
 It follows the official ``generate()`` step for step:
@@ -12,7 +12,7 @@ It follows the official ``generate()`` step for step:
 
 ``max_new_tokens`` counts sampled c0 tokens, as in HF: with ``max_new_tokens = N`` and no EOS
 the loop returns N-1 frames, because the N-th c0 never gets its residual codes (the official
-code does the same; spec 3.3).
+code does the same).
 """
 
 from __future__ import annotations

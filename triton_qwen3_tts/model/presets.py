@@ -1,8 +1,9 @@
-"""Config dictionaries for the official checkpoint layouts (spec section 7) and a tiny test preset.
+"""Config dictionaries for the official checkpoint layouts and a tiny test preset.
 
 These are *data*, written in the exact JSON shape of the official files, so that the random
 checkpoints made from them exercise the real loading code. Real-size presets reproduce the
-parameter counts of spec section 6 (checked by tests on meta tensors).
+parameter counts of the released ``model.safetensors`` files (checked by tests on meta tensors:
+tests/test_talker.py, tests/test_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ PRESETS = (
     "1.7b-voicedesign",
 )
 
-# Official id values (spec 1.5).
+# Official id values (``talker_config`` of the released config.json files).
 LANGUAGES = {
     "english": 2050,
     "german": 2053,
@@ -165,7 +166,7 @@ SPEECH_TOKENIZER_DECODER = {
     "attention_dropout": 0.0,
 }
 
-SPEECH_TOKENIZER_ENCODER = {  # MimiConfig kwargs (spec 5.6)
+SPEECH_TOKENIZER_ENCODER = {  # MimiConfig kwargs of the speech tokenizer's encoder
     "sampling_rate": 24000,
     "frame_rate": 12.5,
     "audio_channels": 1,

@@ -1,4 +1,4 @@
-"""Talker prompt (prefill) layout for every task type, and its embedding (spec 3.1-3.2).
+"""Talker prompt (prefill) layout for every task type, and its embedding.
 
 The talker's prompt is a sequence of *summed embeddings*, not token ids. Each row is the sum of
 up to four components:
@@ -13,7 +13,7 @@ components every row has. It is pure (numpy only), so the serving front end can 
 size prompts without torch; the engine (or the reference generator) turns a layout into vectors
 with :func:`embed_prompt`, which imports torch lazily.
 
-Order of rows (spec 3.2):
+Order of rows (as the official ``generate()`` builds them):
 
 0. instruction block (optional): ``T(id)`` for each id of ``<|im_start|>user\\n{instruct}<|im_end|>\\n``
 1. role: ``T(151644) T(77091) T(198)``
@@ -50,7 +50,7 @@ __all__ = [
 
 TASK_TYPES: Tuple[str, ...] = tuple(MODEL_TYPE_TO_TASK.values())  # CustomVoice, VoiceDesign, Base
 
-# Official wrapper defaults for non_streaming_mode (spec 3.2): generate_custom_voice and
+# Official wrapper defaults for non_streaming_mode: generate_custom_voice and
 # generate_voice_design put the whole text in the prefill; generate_voice_clone streams it.
 _DEFAULT_NON_STREAMING = {"CustomVoice": True, "VoiceDesign": True, "Base": False}
 
@@ -225,7 +225,7 @@ def validate_request(config: Qwen3TTSConfig, req: PromptRequest) -> PromptReques
     if task == "Base" and ins is not None:
         raise PromptError("instruct", "is not supported by task_type Base (voice cloning)")
     if task == "CustomVoice" and config.tts_model_size == "0b6":
-        ins = None  # the official 0.6B CustomVoice wrapper drops instructions (spec 3.1)
+        ins = None  # the official 0.6B CustomVoice wrapper drops instructions
 
     # reference (Base)
     ref_text = _opt_str("ref_text", req.ref_text)

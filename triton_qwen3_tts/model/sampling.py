@@ -1,4 +1,4 @@
-"""Sampling for the reference generation loop (spec 3.3-3.4), in Hugging Face's processor order.
+"""Sampling for the reference generation loop, in Hugging Face's processor order.
 
 Why HF's order: the official model samples through ``transformers.generate``, whose
 ``_get_logits_processor`` applies, per step and on fp32 logits:
@@ -15,7 +15,7 @@ Residual codebooks 1..15 (2048-way, the sub-talker's ``generate``): no penalty, 
 no min length; temperature, top-k, top-p when ``subtalker_dosample``, else argmax.
 
 Extension (not in the official model): ``ignore_eos`` masks EOS at every step, for
-fixed-length benchmark runs (spec 7, point 4).
+fixed-length benchmark runs: a talker with random weights almost never samples EOS.
 
 Pure PyTorch; imports neither vLLM nor Triton.
 """
@@ -73,7 +73,7 @@ def _is_number(v: Any) -> bool:
 class SamplingParams:
     """Per-request sampling settings; names follow the official ``generate()`` kwargs.
 
-    Defaults are those of ``generation_config.json`` (spec 3.4) except ``max_new_tokens``,
+    Defaults are those of the official ``generation_config.json`` except ``max_new_tokens``,
     which takes the wrapper fallback 2048 (the file says 8192; use :meth:`from_defaults`).
     Temperatures are checked only for the stage that samples: greedy ignores them, as HF does.
     """
@@ -118,7 +118,7 @@ class SamplingParams:
 
     @classmethod
     def from_defaults(cls, defaults: GenerationDefaults, **overrides: Any) -> "SamplingParams":
-        """Merge: explicit ``overrides`` beat ``defaults`` (generation_config.json) (spec 3.4).
+        """Merge, as the official wrapper does: explicit ``overrides`` beat ``defaults``.
 
         Overrides whose value is None are ignored (so optional request fields can be passed
         straight through); unknown names raise.

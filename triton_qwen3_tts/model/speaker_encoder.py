@@ -1,7 +1,7 @@
 """ECAPA-TDNN speaker encoder of the Base models (x-vector for voice cloning).
 
-Follows ``shared/reference/qwen3_tts_spec.md`` section 4 and the behaviour of the official
-``Qwen3TTSSpeakerEncoder``. Module names equal the official ones so that the checkpoint's
+Follows the official ``Qwen3TTSSpeakerEncoder`` (https://github.com/QwenLM/Qwen3-TTS). Module
+names equal the official ones so that the checkpoint's
 ``speaker_encoder.*`` tensors load without remapping (our keys are those without the prefix):
 
     blocks.0.conv                                   TDNN, k5, mel_dim -> C

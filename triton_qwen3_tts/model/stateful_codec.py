@@ -1,4 +1,4 @@
-"""Stateful streaming codec decoder: decodes only the NEW frames, exactly (issue 9).
+"""Stateful streaming codec decoder: decodes only the NEW frames, exactly.
 
 ``StatefulCodecDecoder(decoder)`` wraps a :class:`~triton_qwen3_tts.model.codec.CodecDecoder` (same
 parameter tensors, no copies) and decodes a stream chunk by chunk::
@@ -8,7 +8,7 @@ parameter tensors, no copies) and decodes a stream chunk by chunk::
     audio, state = sd.step(codes, state)                 # codes [B, T, 16] -> [B, T * 1920]
 
 Concatenating the chunks' audio equals ``decoder.decode`` of the whole utterance (up to float
-rounding, ~1e-7 in fp32), for any chunk sizes, because the decoder is strictly causal (spec 5.3)
+rounding, ~1e-7 in fp32), for any chunk sizes, because the decoder is strictly causal
 and the state carries exactly what the next frames read from the past:
 
 * each causal conv (stride 1, effective kernel ``e = (k-1)*d+1``): its last ``e-1`` input samples

@@ -1,4 +1,4 @@
-"""Reference Qwen3-TTS talker and code predictor in plain PyTorch (spec sections 1-2).
+"""Reference Qwen3-TTS talker and code predictor in plain PyTorch.
 
 Why this module exists: it is the *reference* the serving paths (the vLLM plugin, exported
 engines) are checked against, and the model the random-checkpoint writer instantiates. It is
@@ -10,7 +10,7 @@ exactly the keys of ``model.safetensors`` (``talker.*`` and, for Base models,
 ``speaker_encoder.*``) and loads without remapping. Rotary frequencies are non-persistent
 buffers: the checkpoint has none.
 
-Notation (spec 1.4, 3.3): T(id) = text_projection(text_embedding(id)); C(id) = the talker's
+Notation: T(id) = text_projection(text_embedding(id)); C(id) = the talker's
 codec_embedding row; E_j = code_predictor.model.codec_embedding[j-1] (talker width) embeds
 codebook j = 1..15; F(frame) = C(c0) + sum_j E_j(c_j).
 
@@ -76,9 +76,9 @@ class RotaryEmbedding(nn.Module):
     """Plain 1-D rotate-half RoPE (pairs ``(i, i + head_dim/2)``).
 
     The talker's official interleaved M-RoPE with three identical position streams equals this
-    bit for bit (spec 1.3); the code predictor uses plain RoPE anyway. ``inv_freq`` is a
-    non-persistent buffer (absent from the checkpoint) and is recomputed if the module was built
-    on the meta device.
+    bit for bit (its three sections then rotate by the same positions); the code predictor uses
+    plain RoPE anyway. ``inv_freq`` is a non-persistent buffer (absent from the checkpoint) and is
+    recomputed if the module was built on the meta device.
     """
 
     def __init__(self, head_dim: int, theta: float):
@@ -259,7 +259,7 @@ class TextProjection(nn.Module):
 class CodePredictorBackbone(_DecoderStack):
     """``talker.code_predictor.model``: layers, norm, and the 15 residual-codebook tables.
 
-    The tables have the *talker* width: they also build the talker's next input (spec 2.2).
+    The tables have the *talker* width: they also build the talker's next input (``F(frame)``).
     """
 
     def __init__(self, c: CodePredictorConfig, talker_hidden: int):
@@ -273,7 +273,7 @@ class CodePredictorBackbone(_DecoderStack):
 
 
 class CodePredictor(nn.Module):
-    """``talker.code_predictor``: predicts codebooks 1..15 of a frame from ``(h, c0)`` (spec 2.3).
+    """``talker.code_predictor``: predicts codebooks 1..15 of a frame from ``(h, c0)``.
 
     ``small_to_mtp_projection`` is a Linear only when the talker and predictor widths differ
     (1.7B); otherwise an Identity, which has no checkpoint keys.
@@ -358,7 +358,7 @@ class Talker(nn.Module):
         return self.model.codec_embedding(self._ids(ids, self.config.vocab_size, "codec"))
 
     def embed_frame(self, codes: IdsLike) -> torch.Tensor:
-        """F(frame) = C(c0) + sum_{j=1..15} E_j(c_j): ``codes[..., 16]`` -> ``[..., D]`` (spec 3.3)."""
+        """F(frame) = C(c0) + sum_{j=1..15} E_j(c_j): ``codes[..., 16]`` -> ``[..., D]``."""
         codes = self._ids(codes, self.config.vocab_size, "frame")
         g = self.config.num_code_groups
         if codes.dim() == 0 or codes.shape[-1] != g:

@@ -31,8 +31,8 @@ __all__ = [
     "count_params",
 ]
 
-MAIN_DTYPE = torch.bfloat16  # spec 1.6 / 7.1: the main checkpoint is bf16
-SPEECH_TOKENIZER_DTYPE = torch.float32  # spec 5.7 / 7.1: the speech tokenizer is fp32
+MAIN_DTYPE = torch.bfloat16  # the main checkpoint (model.safetensors) is bf16
+SPEECH_TOKENIZER_DTYPE = torch.float32  # speech_tokenizer/model.safetensors is fp32
 
 
 @dataclass(frozen=True)

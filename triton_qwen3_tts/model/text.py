@@ -1,4 +1,4 @@
-"""Text side of Qwen3-TTS: the Qwen2 BPE tokenizer and the chat templates of spec section 3.1.
+"""Text side of Qwen3-TTS: the Qwen2 BPE tokenizer and the official wrapper's chat templates.
 
 The official wrapper (``qwen_tts.inference.qwen3_tts_model``) formats every string with a small
 chat template and tokenizes the *whole* formatted string in one call of the processor, which
@@ -45,7 +45,7 @@ __all__ = [
     "PRETOKENIZE_REGEX",
 ]
 
-# Fixed ids of the Qwen2 vocabulary (spec 1.5); the prompt builder checks the tokenizer agrees.
+# Fixed ids of the Qwen2 vocabulary; the prompt builder checks the tokenizer agrees.
 IM_START_ID = 151644
 IM_END_ID = 151645
 ASSISTANT_ID = 77091
@@ -59,7 +59,8 @@ PRETOKENIZE_REGEX = (
 
 # Added tokens 151643..151674 of the Qwen2/Qwen3 vocabulary as extended by Qwen3-TTS/Omni, in id
 # order, with their ``special`` flag as in the Qwen2.5/Qwen3 tokenizer configs (tool / fim / think
-# markers are not special there). The TTS markers are the ones the prompt uses (spec 1.5).
+# markers are not special there). The TTS markers (tts_pad 151671, tts_bos 151672, tts_eos 151673)
+# are the ones the prompt uses.
 _ADDED_TOKENS: Tuple[Tuple[str, bool], ...] = (
     ("<|endoftext|>", True),
     ("<|im_start|>", True),
@@ -132,7 +133,7 @@ def load_text_tokenizer(checkpoint_dir: str | os.PathLike):
 
 
 def check_tokenizer(tok) -> None:
-    """Raise :class:`TextTokenizerError` unless ``tok`` maps the fixed ids of spec 1.5."""
+    """Raise :class:`TextTokenizerError` unless ``tok`` maps the fixed ids above."""
     want = {
         "<|im_start|>": IM_START_ID,
         "<|im_end|>": IM_END_ID,
@@ -168,7 +169,7 @@ def encode(tok, text: str) -> List[int]:
 
 
 # --------------------------------------------------------------------------------------------
-# Templates (spec 3.1)
+# Templates (the official wrapper's)
 # --------------------------------------------------------------------------------------------
 
 

@@ -1,10 +1,11 @@
 """Batching for the Python-backend `codec_decoder` (pure numpy around a decode callable).
 
 Triton's dynamic batcher hands the Python backend a *list* of requests; it does not concatenate
-them (runbook C4). Each request carries ``audio_codes`` ``[b, T, 16]`` with its own ``T`` (the input
+them: ``execute()`` gets the list and must stack and split the rows itself. Each request carries
+``audio_codes`` ``[b, T, 16]`` with its own ``T`` (the input
 allows ragged batching). We stack all rows into one ``[B, T_max, 16]`` call, right-padding shorter
 windows with code 0. Right padding is exact for the kept samples because the decoder is strictly
-causal (spec 5.3): samples of frame t depend only on frames <= t. Each request then gets back its
+causal with zero lookahead: samples of frame t depend only on frames <= t. Each request then gets back its
 own rows, trimmed to ``T * 1920`` samples.
 
 Bucketing ``T_max`` up to a fixed set (``frame_buckets``) keeps the number of distinct shapes small,

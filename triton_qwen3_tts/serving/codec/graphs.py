@@ -1,4 +1,4 @@
-"""CUDA graphs for the stateful codec step (issue 9), behind ``codec_decoder_stateful``.
+"""CUDA graphs for the stateful codec step, behind ``codec_decoder_stateful``.
 
 :class:`StatefulGraphRunner` wraps a :class:`~triton_qwen3_tts.model.stateful_codec.StatefulCodecDecoder`
 and has the same ``step(codes, state) -> (audio, new_state)`` interface (plus ``state_names`` and
@@ -20,7 +20,8 @@ the decoder. It keeps one CUDA graph per (batch bucket, T):
   static inputs (zeroing the padding rows), replays, and **clones** the real rows of the audio and
   the new state out (the next replay of any graph overwrites the shared buffers).
 * Graphs share one memory pool and are captured at warm-up (``warmup()``, from the model's
-  ``initialize``), each after two eager runs on a side stream, as ``codec_runtime.TorchCodec`` does.
+  ``initialize``), each after two eager runs on a side stream, as
+  :class:`~triton_qwen3_tts.serving.codec.runtime.TorchCodec` does.
 
 ``capture=False`` runs exactly the same staging, padding and slicing but calls the padded step
 eagerly instead of replaying a graph: it is how CPU tests check the padding logic, and a fallback
@@ -37,7 +38,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from triton_qwen3_tts.serving.codec.batch import bucket
 
-DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # as codec_runtime.DEFAULT_BATCH_BUCKETS
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # as serving/codec/runtime.py's DEFAULT_BATCH_BUCKETS
 
 
 def batch_buckets_for(max_batch: Optional[int], buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS) -> Tuple[int, ...]:

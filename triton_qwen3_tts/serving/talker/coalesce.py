@@ -1,6 +1,6 @@
 """Frame coalescing between `talker` and `tts` (pure; no Triton, no engine).
 
-The tts model decodes audio only at chunk boundaries (``streaming.ChunkScheduler``: 2, 4, 8, 16,
+The tts model decodes audio only at chunk boundaries (``tts.chunks.ChunkScheduler``: 2, 4, 8, 16,
 then 25 frames), so a talker response per frame costs one Python-backend IPC message, one BLS
 iterator step and its bookkeeping for every frame of every stream: on the H100 that serial work,
 not the GPU, bounded the service at about 770 frames/s (docs/benchmarks.md, end-to-end run 1).

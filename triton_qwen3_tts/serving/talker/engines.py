@@ -17,7 +17,7 @@ async def make_engine(cfg: TalkerModelConfig):
     """Start the configured engine (``vllm`` or ``native``) and return it."""
     if cfg.engine == "vllm":
         if cfg.device == "cpu":
-            # vLLM-CPU inside one Triton stub (runbook B): no extra worker process, no core pinning.
+            # vLLM-CPU inside one Triton stub: no extra worker process, no core pinning.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from triton_qwen3_tts.engines.vllm.engine import EngineConfig, TalkerEngine

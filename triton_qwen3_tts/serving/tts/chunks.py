@@ -1,7 +1,7 @@
 """Codec chunk schedule for streaming audio out (pure: no torch, no vLLM, no Triton).
 
 The talker emits one 16-code frame per decode step (80 ms of audio at 12.5 Hz). The codec decoder
-is strictly causal with zero lookahead (spec 5.3), so a frame's 1920 samples can be produced as
+is strictly causal with zero lookahead, so a frame's 1920 samples can be produced as
 soon as that frame exists. We do not carry decoder state between calls; instead every chunk is
 decoded *stateless* as ``codes[context_start:end]`` and the first
 ``(start - context_start) * samples_per_frame`` samples (the left context's audio) are dropped.
@@ -13,10 +13,12 @@ Why this shape of schedule:
 * **Ramp.** Small chunks right after the first keep the client ahead of playback while the
   talker is still warming up; later chunks grow to ``chunk_frames`` (default 25, 2 s) so the
   codec is called rarely and batches well.
-* **Left context 72.** The decoder's attention has a sliding window of 72 frames (spec 5.1);
-  with less left context the chunk seams are audibly noisy (serving_lessons.md, vllm-omni
-  PR #2480). Stateless chunking is still an approximation (8 layers reach 568 frames back,
-  spec 5.3); it is exact only when the context covers the whole prefix.
+* **Left context 72.** The decoder's attention has a sliding window of 72 frames
+  (``sliding_window`` of ``speech_tokenizer/config.json``); with less left context the chunk
+  seams are audibly noisy (vLLM-Omni, https://github.com/vllm-project/vllm-omni, moved its
+  default left context from 25 to 72 frames and warns below the window). Stateless chunking is
+  still an approximation (8 attention layers reach 8 x 71 = 568 frames back,
+  docs/codec_window_error.md); it is exact only when the context covers the whole prefix.
 * **Bounded windows.** Every decoded window is at most ``left_context_frames + max chunk``
   frames (97 by default), which is what a TensorRT optimization profile and CUDA-graph
   buckets need. Several thresholds' worth of frames arriving at once therefore produce several
@@ -32,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
-# 8192 frames = max_new_tokens of generation_config.json (655 s of audio, spec 3.4): no chunk,
+# 8192 frames = max_new_tokens of the official generation_config.json (655 s of audio): no chunk,
 # context or window may exceed it (the stream itself is not bounded here).
 MAX_FRAMES = 8192
 SAMPLES_PER_FRAME = 1920

@@ -63,7 +63,7 @@ async def stream_audio(
     never audio: a chunk whose scheduled context reaches frame 0 takes up to
     ``left_context_frames`` frames of context in total, the missing ones from the end of the
     prefix, as the official wrapper decodes ``concat(ref_codes, generated)`` and drops the
-    reference's samples (spec 3.5). Windows stay within ``left_context_frames`` + chunk.
+    reference's samples. Windows stay within ``left_context_frames`` + chunk.
     ``on_first_frames`` is called once, when the talker's first frames arrive (TTFA breakdown).
     """
     codes: List[np.ndarray] = [] if prefix is None else [np.asarray(prefix).reshape(-1, 16)]
