@@ -16,11 +16,13 @@ from triton_qwen3_tts.serving.tts.admission import Overloaded
 from triton_qwen3_tts.serving.errors import (
     CODE_NAMES,
     DownstreamError,
+    InvalidInput,
     as_request_error,
     code_name_of,
     downstream_error,
     error_code_name,
     parse_error_message,
+    triton_error,
 )
 from triton_qwen3_tts.serving.faults import Unavailable
 from triton_qwen3_tts.serving.model_config import TtsModelConfig
@@ -248,3 +250,49 @@ def test_talker_max_frames_refusal_reaches_the_client_once():
     assert client.startswith("[INVALID_ARG] max_frames: max_frames=100 exceeds"), client
     assert client.count("max_frames:") == 1 and client.count("[") == 1 and "talker" not in client, client
     assert talker.aborted and svc.admission.in_flight == 0
+
+
+class _FakeTritonError:
+    """Stands for pb_utils.TritonError: (message, code), codes as class attributes."""
+
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+
+    def __init__(self, message, code):
+        self.message, self.code = message, code
+
+
+@pytest.mark.parametrize(
+    "err,code",
+    [
+        (InvalidInput("audio_codes: expected [b, T, 16], got [1, 3]"), "INVALID_ARG"),
+        (RequestError("speaker", "unknown speaker 'x'; allowed: a, b"), "INVALID_ARG"),
+        (Unavailable("all 2 codec state slots are in use"), "UNAVAILABLE"),
+        (RuntimeError("codec decode failed: boom"), "INTERNAL"),
+        (ValueError("a bug, not an input"), "INTERNAL"),
+    ],
+)
+def test_triton_error_is_the_one_mapping(err, code):
+    e = triton_error(err, _FakeTritonError)
+    assert e.code == getattr(_FakeTritonError, code)
+    assert e.message == f"[{code}] {err}"
+    assert parse_error_message(e.message)[0] == code  # the tts reads back what a model sent
+
+
+def test_state_capacity_is_unavailable():
+    from triton_qwen3_tts.serving.codec.stateful import StateCapacityError
+
+    assert error_code_name(StateCapacityError("full")) == "UNAVAILABLE"
+
+
+def test_only_the_errors_module_builds_triton_errors():
+    """Every Triton layer answers errors through errors.triton_error, never a code of its own."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "triton_qwen3_tts" / "serving"
+    offenders = [
+        f"{p.relative_to(root)}:{n}"
+        for p in sorted(root.rglob("triton.py"))
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if "TritonError(" in line or "TritonError." in line.replace("pb_utils.TritonError)", "")
+    ]
+    assert not offenders, offenders

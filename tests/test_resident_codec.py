@@ -1,4 +1,4 @@
-"""Resident codec state (issue 7): the stateful codec keeps each stream's state by stream id.
+"""Resident codec state: the stateful codec keeps each stream's state by stream id.
 
 Unit: StatePool (slots, gather/scatter, capacity, expiry), request validation, run_resident_batch
 with the tiny StatefulCodecDecoder (interleaved streams of different chunk sizes == whole decode,
@@ -460,7 +460,7 @@ def test_repository_resident_codec(tiny_checkpoint, tmp_path):
 
     assert "kind: KIND_CPU count: 1" in text  # state request: as before
     for kw, msg in (
-        (dict(codec_state="both"), "codec_state must be one of"),
+        (dict(codec_state="both"), "codec_state: must be one of"),
         (dict(codec_state_idle_timeout_s=-1), "codec_state_idle_timeout_s"),
         (dict(codec_state_slots=-1), "codec_state_slots"),
         (

@@ -442,7 +442,7 @@ def test_repository_tensorrt_stateful_codec(tiny_checkpoint, tmp_path):
         (dict(device="cpu", codec_stateful_backend="tensorrt", stateful_plan=str(plan)), "needs device gpu"),
         (dict(device="gpu", codec_stateful_backend="tensorrt"), "needs --stateful-plan"),
         (dict(device="gpu", codec_stateful_backend="tensorrt", stateful_plan=str(tmp_path / "none")), "no such file"),
-        (dict(device="gpu", codec_stateful_backend="onnx"), "codec_stateful_backend must be one of python, tensorrt"),
+        (dict(device="gpu", codec_stateful_backend="onnx"), "codec_stateful_backend: must be one of python, tensorrt"),
     ]:
         with pytest.raises(RepositoryError, match=msg):
             build_repository(RepositorySettings(**common, **kw), str(tmp_path / "bad"))

@@ -1,4 +1,4 @@
-"""Load a Qwen3-TTS 12 Hz checkpoint in the official Hugging Face layout (spec section 6).
+"""Load a Qwen3-TTS 12 Hz checkpoint in the official Hugging Face layout.
 
 Why a validation pass before loading: a wrong or partial checkpoint (a missing file, a tensor of
 another model size, a renamed key) otherwise fails deep inside ``load_state_dict`` or, worse,
@@ -13,7 +13,7 @@ parameters are never allocated twice, and non-persistent buffers (rotary tables)
 normally on CPU.
 
 Dtypes: the main model stays bf16 as shipped unless ``dtype`` is given (tests use float32); the
-speech-tokenizer decoder/encoder always load in fp32 (spec 5.7, 7.1).
+speech-tokenizer decoder/encoder always load in fp32 (the speech tokenizer ships in fp32).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ __all__ = [
     "OPTIONAL_FILES",
     "load_talker_config",
     "load_speech_tokenizer_config",
+    "load_generation_defaults",
     "read_safetensors_header",
     "compare_header",
     "validate_checkpoint",
@@ -59,7 +60,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Spec 6.2. generation_config.json is optional: the official wrapper falls back to its
+# The files of a released checkpoint, e.g.
+# https://huggingface.co/Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice/tree/main.
+# generation_config.json is optional: the official wrapper falls back to its
 # hard-coded defaults (GenerationDefaults, max_new_tokens 2048) with a warning from us.
 MAIN_FILES = ("config.json", "model.safetensors")
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
@@ -113,6 +116,12 @@ def load_talker_config(path: str | os.PathLike) -> Qwen3TTSConfig:
 def load_speech_tokenizer_config(path: str | os.PathLike) -> SpeechTokenizerConfig:
     """``speech_tokenizer/config.json`` of a checkpoint directory."""
     return SpeechTokenizerConfig.from_file(Path(path) / "speech_tokenizer" / "config.json")
+
+
+def load_generation_defaults(path: str | os.PathLike) -> GenerationDefaults:
+    """The sampling defaults of a checkpoint directory (``generation_config.json`` over the official
+    wrapper's defaults; the wrapper's defaults alone when the file is missing)."""
+    return _load_generation(Path(path))
 
 
 def _load_generation(root: Path) -> GenerationDefaults:
@@ -246,8 +255,8 @@ def _check_files(root: Path, load_speech_tokenizer: bool, load_encoder: bool, lo
     missing = [f for f in need if not (root / f).is_file()]
     if missing:
         raise CheckpointError(
-            f"checkpoint {root} is incomplete: missing file(s) {', '.join(missing)}. Required "
-            f"(spec 6.2): {', '.join(REQUIRED_FILES)}; optional: {', '.join(OPTIONAL_FILES)}."
+            f"checkpoint {root} is incomplete: missing file(s) {', '.join(missing)}. Required"
+            f": {', '.join(REQUIRED_FILES)}; optional: {', '.join(OPTIONAL_FILES)}."
         )
 
 

@@ -34,6 +34,10 @@ _CODE_PREFIX = re.compile(r"\s*(?:\[request id: [^\]]*\]\s*)?\[(" + "|".join(COD
 _FIELD_PREFIX = re.compile(r"([A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*): ")
 
 
+class InvalidInput(ValueError):
+    """A model's input is invalid (the codec models' refusals); the message names the input."""
+
+
 def error_code_name(err: BaseException) -> str:
     """The ``pb_utils.TritonError`` attribute name for ``err``."""
     if isinstance(err, DownstreamError):  # a talker/codec error keeps the code that model sent
@@ -44,9 +48,17 @@ def error_code_name(err: BaseException) -> str:
         return "CANCELLED"
     # RequestError and the prompt builder's PromptError both name the offending input (``.field``).
     # (an EngineError whose ``field`` is None names no input: INTERNAL)
-    if isinstance(err, RequestError) or (isinstance(err, ValueError) and getattr(err, "field", None)):
+    if isinstance(err, (RequestError, InvalidInput)) or (isinstance(err, ValueError) and getattr(err, "field", None)):
         return "INVALID_ARG"
     return "INTERNAL"
+
+
+def triton_error(err: BaseException, error_cls: Any) -> Any:
+    """``err`` as a ``pb_utils.TritonError`` (``error_cls``): the code of :func:`error_code_name`,
+    the message ``[CODE] err`` (gRPC and HTTP streaming carry only the message, so it starts with
+    the code name too). Every Triton layer (``serving/*/triton.py``) answers errors through this."""
+    name = error_code_name(err)
+    return error_cls(f"[{name}] {err}", getattr(error_cls, name))
 
 
 def parse_error_message(message: str, default_code: str = "INTERNAL") -> Tuple[str, Optional[str], str]:

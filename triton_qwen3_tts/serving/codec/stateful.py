@@ -38,6 +38,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from triton_qwen3_tts.serving.faults import Unavailable
+
 NUM_QUANTIZERS = 16
 POS_NAME = "pos"
 
@@ -291,7 +293,7 @@ def run_batch(
 # Resident state: the codec model keeps each stream's state, keyed by stream id
 
 
-class StateCapacityError(RuntimeError):
+class StateCapacityError(Unavailable):
     """Every state slot is taken (the adapter answers UNAVAILABLE)."""
 
 

@@ -28,6 +28,7 @@ import torch
 import triton_python_backend_utils as pb_utils
 
 from triton_qwen3_tts.serving import profiling
+from triton_qwen3_tts.serving.errors import InvalidInput, triton_error
 from triton_qwen3_tts.serving.stub import prepare_process
 from triton_qwen3_tts.serving.codec.batch import check_codes, decode_batched
 from triton_qwen3_tts.serving.codec.runtime import make_codec
@@ -35,7 +36,6 @@ from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
 from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder
 from triton_qwen3_tts.serving.model_config import CodecModelConfig, instance_count, parameters_from_model_config
 from triton_qwen3_tts.serving.codec.stateful import (
-    StateCapacityError,
     StatePool,
     parse_request,
     parse_resident_request,
@@ -61,6 +61,10 @@ def _out(name, x):
     return pb_utils.Tensor.from_dlpack(name, torch.utils.dlpack.to_dlpack(x))
 
 
+def _error(err):
+    return pb_utils.InferenceResponse(error=triton_error(err, pb_utils.TritonError))
+
+
 def _parse_all(requests, parse):
     """(responses with INVALID_ARG where ``parse`` raised ValueError, indices parsed, parsed)."""
     responses = [None] * len(requests)
@@ -70,9 +74,7 @@ def _parse_all(requests, parse):
             parsed.append(parse(req))
             good.append(i)
         except ValueError as e:
-            responses[i] = pb_utils.InferenceResponse(
-                error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
-            )
+            responses[i] = _error(InvalidInput(str(e)))
     return responses, good, parsed
 
 
@@ -181,14 +183,8 @@ class StatefulCodecModel:
         results = run_resident_batch(parsed, self.pool, self.runner or self.sd, self.max_batch) if parsed else []
         for i, r in zip(good, results):
             if isinstance(r, Exception):
-                code = (
-                    pb_utils.TritonError.INVALID_ARG
-                    if isinstance(r, ValueError)
-                    else pb_utils.TritonError.UNAVAILABLE
-                    if isinstance(r, StateCapacityError)
-                    else pb_utils.TritonError.INTERNAL
-                )
-                responses[i] = pb_utils.InferenceResponse(error=pb_utils.TritonError(str(r), code))
+                # a bad stream id or flag: INVALID_ARG; a full state pool (StateCapacityError): UNAVAILABLE
+                responses[i] = _error(InvalidInput(str(r)) if isinstance(r, ValueError) else r)
             else:
                 responses[i] = pb_utils.InferenceResponse([_out("audio_values", r[None])])
         self._live.set(self.pool.live)
@@ -207,9 +203,7 @@ class StatefulCodecModel:
                     responses[i] = pb_utils.InferenceResponse(outs)
             except Exception as e:  # a decoder failure fails this batch, not the server
                 for i in good:
-                    responses[i] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"stateful codec decode failed: {e}", pb_utils.TritonError.INTERNAL)
-                    )
+                    responses[i] = _error(RuntimeError(f"stateful codec decode failed: {e}"))
         return responses
 
     def finalize(self):
@@ -242,9 +236,7 @@ class CodecDecoderModel:
                 arrays.append(check_codes(codes, max_frames=self.cfg.max_frames))
                 good.append(i)
             except ValueError as e:
-                responses[i] = pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(str(e), pb_utils.TritonError.INVALID_ARG)
-                )
+                responses[i] = _error(InvalidInput(str(e)))
         if arrays:
             try:
                 outs = decode_batched(arrays, self.codec.decode, self.spf, frame_buckets=None, max_batch=self.max_batch)
@@ -252,9 +244,7 @@ class CodecDecoderModel:
                     responses[i] = pb_utils.InferenceResponse([pb_utils.Tensor("audio_values", out)])
             except Exception as e:  # a decoder failure fails this batch, not the server
                 for i in good:
-                    responses[i] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"codec decode failed: {e}", pb_utils.TritonError.INTERNAL)
-                    )
+                    responses[i] = _error(RuntimeError(f"codec decode failed: {e}"))
         return responses
 
     def finalize(self):

@@ -19,7 +19,7 @@ import triton_python_backend_utils as pb_utils
 
 from triton_qwen3_tts.serving import profiling
 from triton_qwen3_tts.serving.stub import prepare_process
-from triton_qwen3_tts.serving.errors import error_code_name
+from triton_qwen3_tts.serving.errors import triton_error
 from triton_qwen3_tts.serving.model_config import TalkerModelConfig, parameters_from_model_config
 from triton_qwen3_tts.serving.talker.engines import make_engine, make_frontend
 from triton_qwen3_tts.serving.talker.service import TALKER_INPUTS, TalkerService
@@ -30,10 +30,7 @@ _FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 
 def _error(err):
-    name = error_code_name(err)
-    return pb_utils.InferenceResponse(
-        error=pb_utils.TritonError(f"[{name}] {err}", getattr(pb_utils.TritonError, name))
-    )
+    return pb_utils.InferenceResponse(error=triton_error(err, pb_utils.TritonError))
 
 
 class TritonPythonModel:

@@ -24,7 +24,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 import numpy as np
 
-from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.model.config import GenerationDefaults, Qwen3TTSConfig
 from triton_qwen3_tts.serving.tts.chunks import ChunkScheduler, ScheduleConfig
 from triton_qwen3_tts.serving.tts.admission import Admission, Overloaded
 from triton_qwen3_tts.serving.faults import PeerDied, Stalled
@@ -187,15 +187,18 @@ class TtsService:
         encode: Optional[Encode] = None,
         peers=None,
         clock: Callable[[], float] = time.monotonic,
+        generation: Optional[GenerationDefaults] = None,
     ):
         """``encode(audio, sample_rate, need_codes)`` runs the reference encoders (Base
         checkpoints; ``encoders.ReferenceEncoders.encode_async``); results are cached by
         ``voice_id`` in a ``cfg.voice_cache_size`` LRU. ``peers``: an object whose ``poll()``
         returns the peer stub processes that died since the last call
-        (``stub_procs.StubWatch``); None = not watched. ``clock``: the watchdog's clock."""
+        (``stub_procs.StubWatch``); None = not watched. ``clock``: the watchdog's clock.
+        ``generation``: the checkpoint's ``generation_config.json``, the sampling defaults of requests
+        that give none (unless the model's parameters set them)."""
         self.cfg = cfg
         self.model_config = model_config
-        self.limits = cfg.limits(model_config.task_type)
+        self.limits = cfg.limits(model_config.task_type, generation)
         self.schedule = ScheduleConfig(
             first_chunk_frames=cfg.first_chunk_frames,
             ramp=tuple(cfg.chunk_ramp),
@@ -310,7 +313,7 @@ class TtsService:
                 self.codec_states.add(1)
             prefix = None
             if voice is not None and voice.ref_codes is not None:
-                prefix = voice.ref_codes  # decoder context only (spec 3.5)
+                prefix = voice.ref_codes  # decoder context only, as in the official wrapper
                 if getattr(session, "stateful", False):
                     await self._prime(session, prefix)
                     prefix = None

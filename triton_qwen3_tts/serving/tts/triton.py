@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from triton_qwen3_tts.model.checkpoint import load_generation_defaults
 from triton_qwen3_tts.serving import profiling
 from triton_qwen3_tts.serving.stub import prepare_process
 from triton_qwen3_tts.serving.stub_procs import StubWatch
@@ -25,7 +26,7 @@ from triton_qwen3_tts.serving.tts.pipeline import trim_window
 from triton_qwen3_tts.serving.tts.request import TTS_INPUTS
 from triton_qwen3_tts.serving.tts.service import SAMPLE_RATE, Metrics, TtsService
 from triton_qwen3_tts.serving.codec.batch import bucket
-from triton_qwen3_tts.serving.errors import downstream_error, error_code_name
+from triton_qwen3_tts.serving.errors import downstream_error, triton_error
 from triton_qwen3_tts.serving.codec.stateful import state_specs_from_checkpoint, zero_state_inputs
 from triton_qwen3_tts.serving.tts.codec_session import ResidentSession, StatefulSession
 
@@ -74,7 +75,7 @@ class _TalkerBLS:
         pending, finished = None, False
         try:
             while True:
-                # The BLS response iterator blocks; advance it off the event loop (runbook C4).
+                # The BLS response iterator blocks; advance it off the event loop.
                 pending = self.pool.submit(next, it, None)
                 resp = await asyncio.wrap_future(pending)
                 pending = None
@@ -279,11 +280,8 @@ class _Sender:
         self._send(resp, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
     def error(self, err):
-        name = error_code_name(err)
-        # gRPC/HTTP streaming carry only the message, so it starts with the code name too.
-        msg = f"[{name}] {err}"
         self._send(
-            pb_utils.InferenceResponse(error=pb_utils.TritonError(msg, getattr(pb_utils.TritonError, name))),
+            pb_utils.InferenceResponse(error=triton_error(err, pb_utils.TritonError)),
             pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
         )
 
@@ -341,6 +339,7 @@ class TritonPythonModel:
             self.metrics,
             encode=None if self.encoders is None else self.encoders.encode_async,
             peers=peers,
+            generation=load_generation_defaults(self.cfg.checkpoint),
         )
         # The service runs on its own event loop thread, so execute() returns at once (decoupled).
         self.loop = asyncio.new_event_loop()
