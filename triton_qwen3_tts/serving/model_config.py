@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Mapping, Type, TypeVar
+from typing import Any, Mapping, Optional, Type, TypeVar
 
+from triton_qwen3_tts.model.config import GenerationDefaults
+
+from triton_qwen3_tts.serving.settings import choices, default
 from triton_qwen3_tts.serving.tts.admission import AdmissionConfig
 from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES, TtsLimits
 from triton_qwen3_tts.serving.tts.voice import MAX_VOICE_CACHE_SIZE
 
 T = TypeVar("T")
 
-# New-frame counts of the tts chunk schedule (streaming.ChunkSchedule defaults: first chunk 2,
+# New-frame counts of the tts chunk schedule (tts.chunks.ScheduleConfig defaults: first chunk 2,
 # ramp 4/8/16, chunk 25) plus 1: the stateful codec's CUDA-graph frame buckets.
 DEFAULT_STATEFUL_FRAME_BUCKETS = (1, 2, 4, 8, 16, 25)
 
@@ -101,26 +104,26 @@ def _choice(name, value, allowed):
 @dataclass(frozen=True)
 class TalkerModelConfig:
     checkpoint: str
-    engine: str = "vllm"  # vllm | native
+    engine: str = default("engine")  # vllm | native
     device: str = "cuda"  # cuda | cpu
     dtype: str = "bfloat16"  # bfloat16 | float16 | float32
-    max_num_seqs: int = 64
+    max_num_seqs: int = default("max_num_seqs")
     max_model_len: int = 4096
-    kv_cache_memory_bytes: int = 0  # 0: use gpu_memory_utilization
-    gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = False
+    kv_cache_memory_bytes: int = default("kv_cache_memory_bytes")  # 0: use gpu_memory_utilization
+    gpu_memory_utilization: float = default("gpu_memory_utilization")
+    enforce_eager: bool = default("enforce_eager")
     seed: int = 0
     warmup: bool = True
     # native engine only (docs/design/native-engine.md): torch.compile the per-layer blocks before
     # CUDA-graph capture (GPU), and the decode batch buckets ("" = the engine's default)
-    native_compile: bool = False
-    native_batch_buckets: str = ""
+    native_compile: bool = default("native_compile")
+    native_batch_buckets: str = default("native_batch_buckets")
 
     def __post_init__(self):
-        _choice("engine", self.engine, ("vllm", "native"))
+        _choice("engine", self.engine, choices("engine"))
         self.batch_buckets()  # validates native_batch_buckets
         _choice("device", self.device, ("cuda", "cpu"))
-        _choice("dtype", self.dtype, ("bfloat16", "float16", "float32"))
+        _choice("dtype", self.dtype, choices("talker_dtype")[1:])
         if not self.checkpoint:
             raise ModelConfigError("parameter 'checkpoint' is required (a checkpoint directory)")
         if not 1 <= self.max_num_seqs <= 1024:
@@ -156,18 +159,18 @@ class TalkerModelConfig:
 @dataclass(frozen=True)
 class CodecModelConfig:
     checkpoint: str
-    runtime: str = "torch"  # torch | onnxruntime
+    runtime: str = default("codec_runtime")  # torch | onnxruntime
     onnx_path: str = ""
     device: str = "cuda"
-    dtype: str = "float32"
-    cuda_graphs: bool = True
+    dtype: str = default("codec_dtype")
+    cuda_graphs: bool = default("codec_cuda_graphs")
     frame_buckets: tuple = ()
-    max_frames: int = 512
+    max_frames: int = default("codec_max_frames")
     # codec_decoder_stateful on CUDA with cuda_graphs: one graph per (batch bucket, T) for these
     # EXACT new-frame counts T (a stateful step must never see padded frames: they would enter the
     # state). Default: the tts chunk schedule's sizes (first 2, ramp 4/8/16, chunk 25) plus 1;
     # any other T (e.g. a stream's last, shorter chunk) runs as several graph steps of these
-    # sizes (stateful_graphs.split_frames), or eagerly when it cannot be split into them.
+    # sizes (codec.graphs.split_frames), or eagerly when it cannot be split into them.
     stateful_frame_buckets: tuple = DEFAULT_STATEFUL_FRAME_BUCKETS
     # codec_decoder_stateful: where a stream's decoder state lives between chunks. "request": it
     # travels as state_in_* / state_out_* tensors; "resident": this model keeps it in
@@ -175,10 +178,10 @@ class CodecModelConfig:
     # stream on its end request or after ``state_idle_timeout_s`` without one (0: never).
     state: str = "request"
     state_slots: int = 128
-    state_idle_timeout_s: float = 300.0
+    state_idle_timeout_s: float = default("codec_state_idle_timeout_s")
 
     def __post_init__(self):
-        _choice("runtime", self.runtime, ("torch", "onnxruntime"))
+        _choice("runtime", self.runtime, choices("codec_runtime"))
         _choice("state", self.state, STATE_RESIDENCY)
         if not 1 <= self.state_slots <= 65536:
             raise ModelConfigError(f"parameter 'state_slots' must be in [1, 65536], got {self.state_slots}")
@@ -188,7 +191,7 @@ class CodecModelConfig:
                 f"got {self.state_idle_timeout_s}"
             )
         _choice("device", self.device, ("cuda", "cpu"))
-        _choice("dtype", self.dtype, ("float32", "bfloat16", "float16"))
+        _choice("dtype", self.dtype, choices("codec_dtype"))
         if self.runtime == "onnxruntime" and not self.onnx_path:
             raise ModelConfigError("parameter 'onnx_path' is required with runtime onnxruntime")
         if list(self.frame_buckets) != sorted(set(self.frame_buckets)) or any(b < 1 for b in self.frame_buckets):
@@ -227,7 +230,7 @@ class TtsModelConfig:
     checkpoint: str
     talker_model: str = "talker"
     codec_model: str = "codec_decoder"
-    codec_mode: str = "windowed"  # windowed | stateful (codec_model is then the stateful codec)
+    codec_mode: str = default("codec_mode")  # windowed | stateful (codec_model is then the stateful codec)
     # stateful codec without optional inputs (TensorRT): a stream's first chunk sends an all-zero
     # state instead of start=true
     codec_zero_state_start: bool = False
@@ -239,29 +242,30 @@ class TtsModelConfig:
     default_language: str = "auto"
     default_sample_format: str = "float32"
     default_stream: bool = True
-    default_temperature: float = 0.9
-    default_top_k: int = 50
-    default_max_frames: int = 2048
-    max_frames_limit: int = 4096
+    # sampling of requests that give none: -1 / 0 = the checkpoint's generation_config.json
+    default_temperature: float = -1.0
+    default_top_k: int = 0
+    default_max_frames: int = default("default_max_frames")
+    max_frames_limit: int = default("max_frames_limit")
     # The talker's max_model_len must hold max_frames_limit frames after the longest prompt these
     # allow (serving/repository.py talker_context sizes it; the builder fails when it cannot).
-    max_text_chars: int = 2000
-    max_instruct_chars: int = 1000
+    max_text_chars: int = default("max_text_chars")
+    max_instruct_chars: int = default("max_instruct_chars")
     ref_min_seconds: float = 1.0
     ref_max_seconds: float = 30.0
-    first_chunk_frames: int = 2
-    chunk_ramp: tuple = (4, 8, 16)
-    chunk_frames: int = 25
-    left_context_frames: int = 72
+    first_chunk_frames: int = default("first_chunk_frames")
+    chunk_ramp: tuple = tuple(int(x) for x in default("chunk_ramp").split(","))
+    chunk_frames: int = default("chunk_frames")
+    left_context_frames: int = default("left_context_frames")
     codec_frame_buckets: tuple = ()
-    max_in_flight: int = 64
-    max_queued: int = 64
+    max_in_flight: int = default("max_in_flight")
+    max_queued: int = default("max_queued")
     # A request that makes no progress (no talker frames, no audio) for this long fails with
     # UNAVAILABLE and frees its talker request, codec state and admission slot.
-    request_deadline_s: float = 60.0
+    request_deadline_s: float = default("request_deadline_s")
     # Base voice cloning: reference voices kept by voice_id (LRU; 0 = no cache) and where the
     # speaker and codec encoders run (Base checkpoints only).
-    voice_cache_size: int = 256
+    voice_cache_size: int = default("voice_cache_size")
     encoder_device: str = "cpu"  # cpu | cuda
 
     def __post_init__(self):
@@ -280,7 +284,7 @@ class TtsModelConfig:
             raise ModelConfigError(
                 f"parameter 'request_deadline_s' must be in [0.5, 3600] seconds, got {self.request_deadline_s}"
             )
-        _choice("codec_mode", self.codec_mode, ("windowed", "stateful"))
+        _choice("codec_mode", self.codec_mode, choices("codec_mode"))
         _choice("codec_state", self.codec_state, STATE_RESIDENCY)
         if self.codec_state == "resident" and self.codec_zero_state_start:
             raise ModelConfigError(
@@ -293,15 +297,18 @@ class TtsModelConfig:
     def from_parameters(cls, params):
         return _from_parameters(cls, params)
 
-    def limits(self, checkpoint_task_type: str) -> TtsLimits:
+    def limits(self, checkpoint_task_type: str, generation: Optional[GenerationDefaults] = None) -> TtsLimits:
+        """The request limits and defaults; sampling defaults not set here come from ``generation``
+        (the checkpoint's ``generation_config.json``; None: the official wrapper's defaults)."""
+        generation = generation or GenerationDefaults()
         return TtsLimits(
             default_task_type=self.default_task_type or checkpoint_task_type,
             default_speaker=self.default_speaker.lower() or None,
             default_language=self.default_language.lower(),
             default_sample_format=self.default_sample_format,
             default_stream=self.default_stream,
-            default_temperature=self.default_temperature,
-            default_top_k=self.default_top_k,
+            default_temperature=generation.temperature if self.default_temperature < 0 else self.default_temperature,
+            default_top_k=generation.top_k if self.default_top_k == 0 else self.default_top_k,
             default_max_frames=self.default_max_frames,
             max_frames_limit=self.max_frames_limit,
             max_text_chars=self.max_text_chars,

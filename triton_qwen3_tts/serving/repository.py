@@ -1,6 +1,7 @@
 """Write a ready Triton model repository from the templates in ``model_repository/``.
 
-``scripts/build_model_repository.py`` is the command-line front end. The templates hold
+``qwen3-tts-build-repository`` (:mod:`triton_qwen3_tts.tools.build_repository`; also
+``scripts/build_model_repository.py``) is the command-line front end. The templates hold
 ``${name}`` placeholders; every placeholder must be filled (an unfilled one fails the build with
 its name), and the result is validated by parsing it back (``parameters`` round-trip through the
 same typed configs the models use at load time).
@@ -8,158 +9,141 @@ same typed configs the models use at load time).
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
 import re
 import shutil
 import string
-from dataclasses import asdict, dataclass
-from typing import Dict
+import subprocess
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
+from typing import Dict, Tuple
 
 from triton_qwen3_tts.model.config import Qwen3TTSConfig
+from triton_qwen3_tts.serving.settings import SETTINGS, SettingError, check
 
-TEMPLATES = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "model_repository"
-)
+
+def find_templates() -> str:
+    """The folder of the model templates: the package's ``templates`` folder in an installed wheel
+    (pyproject.toml maps ``model_repository/`` there), else ``model_repository/`` of the checkout
+    this package runs from (editable install, or a source tree on ``sys.path``)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for d in (os.path.join(package, "templates"), os.path.join(os.path.dirname(package), "model_repository")):
+        if os.path.isfile(os.path.join(d, "tts", "config.pbtxt.in")):
+            return d
+    return os.path.join(os.path.dirname(package), "model_repository")  # build_repository names it when missing
+
+
+TEMPLATES = find_templates()
 
 
 class RepositoryError(ValueError):
     pass
 
 
-@dataclass
-class RepositorySettings:
-    checkpoint: str
-    codec_backend: str = "tensorrt"  # tensorrt | python
-    device: str = "gpu"  # gpu | cpu
-    engine: str = "vllm"  # vllm | native
-    plan: str = ""  # TensorRT plan to copy in (codec_backend tensorrt)
-    # talker engine
-    talker_dtype: str = ""  # default: bfloat16 on gpu, float32 on cpu
-    max_num_seqs: int = 64
-    # talker context (prompt + frames) per request; 0: sized from the tts limits below so that every
-    # request they allow fits (talker_context). An explicit value smaller than that fails the build.
-    max_model_len: int = 0
-    kv_cache_memory_bytes: int = 0
-    gpu_memory_utilization: float = 0.5
-    enforce_eager: bool = False
-    native_compile: bool = False  # engine native, GPU: torch.compile the layer blocks before capture
-    native_batch_buckets: str = ""  # engine native: decode batch buckets, e.g. "1,8,32,64"
-    # codec
-    codec_runtime: str = "torch"  # torch | onnxruntime (python backend only)
-    codec_onnx_path: str = ""
-    codec_dtype: str = "float32"
-    codec_cuda_graphs: bool = True
-    codec_max_batch_size: int = 64
-    codec_queue_delay_us: int = 1000
-    codec_instances: int = 1
-    codec_frame_buckets: str = ""
-    codec_max_frames: int = 512
-    codec_mode: str = (
-        "windowed"  # windowed | stateful (codec_decoder_stateful instead of codec_decoder; tts left context 0)
-    )
-    # stateful codec on GPU: CUDA-graph frame counts ("" = the chunk schedule's sizes plus 1)
-    codec_stateful_frame_buckets: str = ""
-    # codec_mode stateful: codec_decoder_stateful on the Python backend (torch; CUDA graphs on GPU) or
-    # a TensorRT plan (export/build_trt_engine.py --stateful), then the tts sends zero state first
-    codec_stateful_backend: str = "python"  # python | tensorrt
-    stateful_plan: str = ""  # TensorRT plan of the stateful codec (codec_stateful_backend tensorrt)
-    # codec_mode stateful: where a stream's state lives between chunks. "resident": inside the
-    # Python-backend codec, by stream id (the tts sends only frames); "request": it travels with
-    # every chunk as state tensors (the TensorRT plan's only way). "" = resident on python,
-    # request on tensorrt.
-    codec_state: str = ""
-    codec_state_slots: int = 0  # state resident: slots; 0 = 2 x max_in_flight x tts_instances
-    codec_state_idle_timeout_s: float = 300.0  # state resident: release streams idle this long (0: never)
-    # tts
-    default_speaker: str = ""
-    default_max_frames: int = 2048
-    max_frames_limit: int = 4096
-    max_text_chars: int = 2000  # text and ref_text, in characters
-    max_instruct_chars: int = 1000
-    first_chunk_frames: int = 2
-    chunk_ramp: str = "4,8,16"
-    chunk_frames: int = 25
-    left_context_frames: int = 72
-    max_in_flight: int = 64  # per tts instance
-    max_queued: int = 64  # per tts instance
-    request_deadline_s: float = 60.0  # a tts request without progress this long fails (UNAVAILABLE)
-    # tts stub processes: each drives its streams' chunk loops and BLS calls on its own core (Triton
-    # spreads requests over them); admission limits and the voice cache are per instance
-    tts_instances: int = 1
-    voice_cache_size: int = 256  # Base checkpoints: reference voices kept by voice_id (0: none)
+def _cross_checks(self) -> None:
+    """The checks that involve several settings or the file system (each setting's own type, allowed
+    values and range are checked against serving/settings.py)."""
+    if "auto" in (self.device, self.codec_backend):
+        raise RepositoryError("device and codec_backend 'auto' are resolved first (resolve_auto)")
+    if self.codec_backend == "tensorrt" and self.device == "cpu":
+        raise RepositoryError("codec_backend tensorrt needs device gpu (use --codec-backend python on CPU)")
+    if self.codec_backend == "tensorrt" and self.plan and not os.path.exists(self.plan):
+        raise RepositoryError(f"TensorRT plan {self.plan} does not exist (build it with export/build_trt_engine.py)")
+    if self.codec_stateful_backend == "tensorrt":
+        if self.codec_state == "resident":
+            raise RepositoryError(
+                "codec_state resident needs codec_stateful_backend python (a TensorRT plan "
+                "takes the state as request tensors: codec_state request)"
+            )
+        if self.codec_mode != "stateful":
+            raise RepositoryError("codec_stateful_backend tensorrt needs codec_mode stateful")
+        if self.device == "cpu":
+            raise RepositoryError(
+                "codec_stateful_backend tensorrt needs device gpu (use --codec-stateful-backend python on CPU)"
+            )
+        if not self.stateful_plan or not os.path.isfile(self.stateful_plan):
+            raise RepositoryError(
+                f"codec_stateful_backend tensorrt needs --stateful-plan, the stateful codec's "
+                f"TensorRT plan (export/build_trt_engine.py --stateful); got "
+                f"{self.stateful_plan or 'none'!r}" + (" (no such file)" if self.stateful_plan else "")
+            )
+    if not 1 <= self.default_max_frames <= self.max_frames_limit:
+        raise RepositoryError(
+            f"default_max_frames must be in [1, max_frames_limit={self.max_frames_limit}], "
+            f"got {self.default_max_frames}"
+        )
+    if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
+        raise RepositoryError(f"{self.checkpoint} is not a checkpoint directory (no config.json)")
 
-    def validate(self) -> None:
-        for name, allowed in (
-            ("codec_backend", ("tensorrt", "python")),
-            ("device", ("gpu", "cpu")),
-            ("engine", ("vllm", "native")),
-            ("codec_runtime", ("torch", "onnxruntime")),
-            ("codec_mode", ("windowed", "stateful")),
-            ("codec_stateful_backend", ("python", "tensorrt")),
-        ):
-            if getattr(self, name) not in allowed:
-                raise RepositoryError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if not isinstance(self.tts_instances, int) or isinstance(self.tts_instances, bool) or self.tts_instances < 1:
-            raise RepositoryError(f"tts_instances must be an int >= 1, got {self.tts_instances!r}")
-        if self.codec_backend == "tensorrt" and self.device == "cpu":
-            raise RepositoryError("codec_backend tensorrt needs device gpu (use --codec-backend python on CPU)")
-        if self.codec_backend == "tensorrt" and self.plan and not os.path.exists(self.plan):
-            raise RepositoryError(
-                f"TensorRT plan {self.plan} does not exist (build it with export/build_trt_engine.py)"
-            )
-        if self.codec_state not in ("", "request", "resident"):
-            raise RepositoryError(
-                f"codec_state must be one of resident, request (or empty: resident on the python "
-                f"backend, request on tensorrt), got {self.codec_state!r}"
-            )
-        if not isinstance(self.codec_state_slots, int) or self.codec_state_slots < 0:
-            raise RepositoryError(
-                f"codec_state_slots must be an int >= 0 (0: 2 x max_in_flight x tts_instances), "
-                f"got {self.codec_state_slots!r}"
-            )
-        if (
-            not isinstance(self.codec_state_idle_timeout_s, (int, float))
-            or not 0 <= self.codec_state_idle_timeout_s <= 86400
-        ):
-            raise RepositoryError(
-                f"codec_state_idle_timeout_s must be in [0, 86400] seconds (0: never), "
-                f"got {self.codec_state_idle_timeout_s!r}"
-            )
-        if self.codec_stateful_backend == "tensorrt":
-            if self.codec_state == "resident":
-                raise RepositoryError(
-                    "codec_state resident needs codec_stateful_backend python (a TensorRT plan "
-                    "takes the state as request tensors: codec_state request)"
-                )
-            if self.codec_mode != "stateful":
-                raise RepositoryError("codec_stateful_backend tensorrt needs codec_mode stateful")
-            if self.device == "cpu":
-                raise RepositoryError(
-                    "codec_stateful_backend tensorrt needs device gpu (use --codec-stateful-backend python on CPU)"
-                )
-            if not self.stateful_plan or not os.path.isfile(self.stateful_plan):
-                raise RepositoryError(
-                    f"codec_stateful_backend tensorrt needs --stateful-plan, the stateful codec's "
-                    f"TensorRT plan (export/build_trt_engine.py --stateful); got "
-                    f"{self.stateful_plan or 'none'!r}" + (" (no such file)" if self.stateful_plan else "")
-                )
-        for name in ("max_frames_limit", "max_text_chars", "max_instruct_chars"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise RepositoryError(f"{name} must be an int >= 1, got {v!r}")
-        if not 1 <= self.default_max_frames <= self.max_frames_limit:
-            raise RepositoryError(
-                f"default_max_frames must be in [1, max_frames_limit={self.max_frames_limit}], "
-                f"got {self.default_max_frames}"
-            )
-        if not isinstance(self.max_model_len, int) or self.max_model_len < 0:
-            raise RepositoryError(
-                f"max_model_len must be an int >= 0 (0: sized from the limits), got {self.max_model_len!r}"
-            )
-        if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
-            raise RepositoryError(f"{self.checkpoint} is not a checkpoint directory (no config.json)")
+
+def _validate(self) -> None:
+    for f in fields(self):
+        try:
+            check(f.name, getattr(self, f.name))
+        except SettingError as e:
+            raise RepositoryError(str(e)) from None
+    if not self.checkpoint:
+        raise RepositoryError("checkpoint: required (a checkpoint directory in the official layout)")
+    _cross_checks(self)
+
+
+# Every setting of serving/settings.py, with its default: what the builder's flags set and the
+# templates' ${name} placeholders read.
+RepositorySettings = make_dataclass(
+    "RepositorySettings",
+    [("checkpoint", str)] + [(x.name, x.type, field(default=x.default)) for x in SETTINGS if x.name != "checkpoint"],
+    namespace={"validate": _validate, "__doc__": "The settings of one model repository (serving/settings.py)."},
+)
+RepositorySettings.__module__ = __name__
+
+
+def detect_device(env=None) -> Tuple[str, str]:
+    """``("gpu" | "cpu", why)`` from what this machine shows, without importing torch: an NVIDIA GPU
+    in ``/proc/driver/nvidia/gpus`` or listed by ``nvidia-smi -L``, unless ``CUDA_VISIBLE_DEVICES``
+    hides them all."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1", "NoDevFiles"):
+        return "cpu", f"CUDA_VISIBLE_DEVICES={visible!r} hides every GPU"
+    gpus = glob.glob("/proc/driver/nvidia/gpus/*")
+    if gpus:
+        return "gpu", f"{len(gpus)} NVIDIA GPU(s) in /proc/driver/nvidia/gpus"
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+        if n:
+            return "gpu", f"nvidia-smi lists {n} GPU(s)"
+    return "cpu", "no CUDA GPU visible: no NVIDIA driver, nvidia-smi lists none"
+
+
+def pick_codec_backend(device: str, plan: str, templates: str = TEMPLATES) -> Tuple[str, str]:
+    if device != "gpu":
+        return "python", "the TensorRT codec needs a gpu"
+    if plan:
+        return "tensorrt", f"--plan {plan}"
+    found = os.path.join(templates, "codec_decoder", "1", "model.plan")
+    if os.path.exists(found):
+        return "tensorrt", f"plan {found}"
+    return "python", "no TensorRT plan (build one with export/build_trt_engine.py and pass --plan)"
+
+
+def resolve_auto(s) -> list:
+    """Resolve ``device`` and ``codec_backend`` ``auto`` in place from what this machine has; returns
+    one line per choice made (the builder prints them)."""
+    notes = []
+    if s.device == "auto":
+        s.device, why = detect_device()
+        notes.append(f"device: {s.device} ({why}; --device gpu|cpu overrides)")
+    if s.codec_backend == "auto":
+        s.codec_backend, why = pick_codec_backend(s.device, s.plan)
+        notes.append(f"codec backend: {s.codec_backend} ({why}; --codec-backend tensorrt|python overrides)")
+    return notes
 
 
 # TalkerModelConfig's range for max_model_len
@@ -235,12 +219,52 @@ def talker_context(s: RepositorySettings, cfg: Qwen3TTSConfig) -> TalkerContext:
 
 def kv_cache_bytes(s: RepositorySettings, cfg: Qwen3TTSConfig, max_model_len: int) -> int:
     """Talker KV cache of the native engine: ``max_num_seqs + 1`` slots of ``max_model_len``
-    positions (native_engine.py). vLLM's pool is sized on its own (kv_cache_memory_bytes /
+    positions (engines/native/engine.py). vLLM's pool is sized on its own (kv_cache_memory_bytes /
     gpu_memory_utilization) and need only hold one request of ``max_model_len`` positions."""
     t = cfg.talker
     dtype = s.talker_dtype or ("float32" if s.device == "cpu" else "bfloat16")
     size = 4 if dtype == "float32" else 2
     return (s.max_num_seqs + 1) * max_model_len * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 2 * size
+
+
+# vLLM on CPU (kv_cache_memory_bytes 0): the pool is sized to the model and context, not left to vLLM
+# (which takes a fixed share of the host's memory, GiBs even for the tiny test model)
+CPU_KV_CACHE_FLOOR = 32 * 2**20
+CPU_KV_CACHE_MEMORY_SHARE = 0.25
+_VLLM_BLOCK = 128  # positions are allocated in blocks; round each request up to a whole one
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def vllm_cpu_kv_cache_bytes(s: RepositorySettings, cfg: Qwen3TTSConfig, max_model_len: int, memory: int = -1):
+    """The CPU default of vLLM's KV cache pool: ``max_num_seqs`` requests of ``max_model_len``
+    positions (rounded up to whole blocks) of this checkpoint's talker, at least
+    ``CPU_KV_CACHE_FLOOR``; at most ``CPU_KV_CACHE_MEMORY_SHARE`` of this machine's memory, but
+    never less than one full-length request (what vLLM needs to start). Returns ``(bytes, why)``."""
+    t = cfg.talker
+    dtype = s.talker_dtype or "float32"
+    per_pos = t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 2 * (4 if dtype == "float32" else 2)
+    one = -(-max_model_len // _VLLM_BLOCK) * _VLLM_BLOCK * per_pos
+    need = s.max_num_seqs * one
+    why = f"{s.max_num_seqs} seqs x {max_model_len} positions x {per_pos} bytes"
+    memory = _physical_memory() if memory < 0 else memory
+    cap = int(memory * CPU_KV_CACHE_MEMORY_SHARE)
+    if memory and need > cap:
+        size = max(one, cap)
+        why += (
+            f" would be {need / 2**30:.1f} GiB: capped at {size / 2**30:.1f} GiB "
+            f"({max(1, size // one)} full-length requests at once; {CPU_KV_CACHE_MEMORY_SHARE:.0%} of this "
+            f"machine's {memory / 2**30:.0f} GiB)"
+        )
+        return size, why
+    if need < CPU_KV_CACHE_FLOOR:
+        why += f" raised to the {CPU_KV_CACHE_FLOOR // 2**20} MiB floor"
+    return max(need, CPU_KV_CACHE_FLOOR), why
 
 
 def codec_state(s: RepositorySettings) -> str:
@@ -279,8 +303,15 @@ def _substitute(text: str, values: Dict[str, str], where: str) -> str:
 
 
 def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPLATES) -> str:
-    """Write the repository to ``out_dir`` (replaced if it exists); return its path."""
+    """Write the repository to ``out_dir`` (replaced if it exists); return its path. ``device`` and
+    ``codec_backend`` ``auto`` are resolved first (:func:`resolve_auto`)."""
+    resolve_auto(s)
     s.validate()
+    if not os.path.isfile(os.path.join(templates, "tts", "config.pbtxt.in")):
+        raise RepositoryError(
+            f"no model templates in {templates} (they ship in the package's templates folder, "
+            "or come from model_repository/ of a checkout): reinstall the package"
+        )
     ckpt = os.path.abspath(s.checkpoint)
     cfg = Qwen3TTSConfig.from_file(os.path.join(ckpt, "config.json"))
     default_speaker = s.default_speaker or (cfg.speakers[0] if cfg.speakers else "")
@@ -296,9 +327,13 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         first = s.first_chunk_frames
         frame_buckets = ",".join(str(x) for x in sorted({first, 8, 16, 32, 64, s.chunk_frames + s.left_context_frames}))
     values = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in asdict(s).items()}
+    kv_bytes, kv_why = s.kv_cache_memory_bytes, "set by --kv-cache-memory-bytes"
+    if not kv_bytes and cpu and s.engine == "vllm":
+        kv_bytes, kv_why = vllm_cpu_kv_cache_bytes(s, cfg, ctx.max_model_len)
     values.update(
         checkpoint=ckpt,
         max_model_len=str(ctx.max_model_len),
+        kv_cache_memory_bytes=str(kv_bytes),
         device="cpu" if cpu else "cuda",
         talker_dtype=s.talker_dtype or ("float32" if cpu else "bfloat16"),
         codec_instance_kind="KIND_CPU" if cpu else "KIND_GPU",
@@ -386,7 +421,13 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
             {
                 "settings": asdict(s),
                 "checkpoint_task_type": cfg.task_type,
-                "talker_context": {**asdict(ctx), "native_kv_cache_bytes": kv_cache_bytes(s, cfg, ctx.max_model_len)},
+                "talker_context": {
+                    **asdict(ctx),
+                    "native_kv_cache_bytes": kv_cache_bytes(s, cfg, ctx.max_model_len),
+                    # vLLM's pool: 0 = gpu_memory_utilization (GPU); on CPU sized by vllm_cpu_kv_cache_bytes
+                    "kv_cache_memory_bytes": kv_bytes,
+                    "kv_cache_memory_why": kv_why if kv_bytes else "",
+                },
             },
             f,
             indent=2,

@@ -1,10 +1,12 @@
 """Client for the `tts` model: gRPC bidirectional streaming (default) or HTTP ``generate_stream``.
 
-    python -m triton_qwen3_tts.tools.client --text "Hello there." --out out.wav
-    python -m triton_qwen3_tts.tools.client --text "..." --speaker eric --language chinese --http
+    qwen3-tts-client --text "Hello there." --out out.wav
+    qwen3-tts-client --text "..." --speaker eric --language chinese --http
     # Base checkpoints: clone a voice (in-context), store it as "anna", then reuse it by id alone
-    python -m triton_qwen3_tts.tools.client --text "..." --ref-audio anna.wav --ref-text "..." --voice-id anna
-    python -m triton_qwen3_tts.tools.client --text "..." --voice-id anna
+    qwen3-tts-client --text "..." --ref-audio anna.wav --ref-text "..." --voice-id anna
+    qwen3-tts-client --text "..." --voice-id anna
+
+(``qwen3-tts-client`` is ``python -m triton_qwen3_tts.tools.client``.)
 
 Prints the time to first audio (send -> first non-empty chunk) and the real-time factor
 (wall time / audio duration). The library functions are used by the benchmarks and system tests.
@@ -383,13 +385,15 @@ def synthesize_http(url: str = "127.0.0.1:8000", model: str = "tts", timeout: fl
     return Synthesis(audio, sr, ttfa, total, chunks)
 
 
-def _allowed_values() -> Dict[str, List[str]]:
+def _allowed_values() -> Dict[str, Any]:
     """The values the server accepts for the official checkpoints (a checkpoint may define other
     speakers and languages: the server checks against its own and names them on refusal)."""
     from triton_qwen3_tts.model import presets
+    from triton_qwen3_tts.serving.model_config import TtsModelConfig
     from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES
 
     return {
+        "default_sample_format": TtsModelConfig.default_sample_format,
         "task_type": list(TASK_TYPES),
         "sample_format": list(SAMPLE_FORMATS),
         "speaker": sorted(presets.SPEAKERS),
@@ -406,20 +410,27 @@ def _one_line(text: str) -> str:
 def main(argv=None) -> int:
     allowed = _allowed_values()
     p = argparse.ArgumentParser(
-        description="Synthesize speech with the triton-qwen3-tts service.",
+        prog="qwen3-tts-client",
+        description="Synthesize speech with the triton-qwen3-tts service (start it with qwen3-tts-serve).",
         epilog="A server error is printed as one line 'error: ...' on stderr (exit status 1).",
     )
-    p.add_argument("--text", required=True)
+    p.add_argument("--text", required=True, help="what to say (UTF-8)")
     p.add_argument("--out", default="out.wav", help="output WAV (24 kHz)")
     p.add_argument("--url", default=None, help="server address (default 127.0.0.1:8001 gRPC, :8000 with --http)")
     p.add_argument("--http", action="store_true", help="use HTTP generate_stream instead of gRPC streaming")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each response (default 300)")
-    p.add_argument("--task-type", choices=allowed["task_type"], help="default: the checkpoint's")
+    p.add_argument(
+        "--task-type",
+        choices=allowed["task_type"],
+        help="one of " + ", ".join(allowed["task_type"]) + " (default: the checkpoint's)",
+    )
     # speakers and languages of the official checkpoints; the server checks against its own and
     # lists them when it refuses one
-    p.add_argument("--speaker", help="CustomVoice speaker: " + ", ".join(allowed["speaker"]))
-    p.add_argument("--language", help="one of: " + ", ".join(allowed["language"]))
-    p.add_argument("--instruct")
+    p.add_argument(
+        "--speaker", help="CustomVoice speaker: " + ", ".join(allowed["speaker"]) + " (default: the server's default)"
+    )
+    p.add_argument("--language", help="one of: " + ", ".join(allowed["language"]) + " (default auto)")
+    p.add_argument("--instruct", help="VoiceDesign: the voice description; CustomVoice 1.7B: a style instruction")
     p.add_argument("--ref-audio", help="reference WAV for Base voice cloning")
     p.add_argument("--ref-text")
     p.add_argument("--x-vector-only", action="store_true")
@@ -427,7 +438,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--sample-format",
         choices=allowed["sample_format"],
-        help="audio samples: " + " or ".join(allowed["sample_format"]),
+        help="audio samples: "
+        + " or ".join(allowed["sample_format"])
+        + f" (default {allowed['default_sample_format']})",
     )
     p.add_argument("--no-stream", action="store_true", help="one response with the whole utterance")
     p.add_argument("--temperature", type=float)
@@ -468,7 +481,10 @@ def main(argv=None) -> int:
             with StreamingClient(a.url or "127.0.0.1:8001") as c:
                 res = c.synthesize(timeout=a.timeout, **kw)
     except (TtsError, ValueError) as e:  # the server's error, no connection, or an input refused here
-        print(f"error: {_one_line(e)}", file=sys.stderr)
+        hint = ""
+        if isinstance(e, TransportError) and e.code == "CONNECTION" and str(e).startswith("cannot connect"):
+            hint = " (is the server running and ready? qwen3-tts-serve starts it and says when it is)"
+        print(f"error: {_one_line(e)}{hint}", file=sys.stderr)
         return 1
     except (queue.Empty, TimeoutError):
         print(f"error: no response within {a.timeout:g} s", file=sys.stderr)

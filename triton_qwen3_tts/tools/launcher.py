@@ -5,12 +5,13 @@ Two kinds of server are supported:
 * **image**: a Triton release image (``/opt/tritonserver/bin/tritonserver`` or ``tritonserver`` on
   PATH with its own backends directory): used as is.
 * **wheel**: the ``tritonserver`` 2.51.0 binary shipped inside the ``nvidia-pytriton`` wheel (Python
-  backend only). It needs the recipe of ``shared/runbook/cpu_stack.md`` section C: the Python-backend
-  stub copied next to the backend library, the wheel's bundled libraries and the interpreter's
-  ``libpython`` on ``LD_LIBRARY_PATH``, and the venv's ``bin`` first on ``PATH`` (the stub embeds
-  libpython and finds the venv's site-packages through the ``python3`` it sees on PATH).
+  backend only; ``scripts/setup_env.sh`` installs it, docs/environment.md). It needs the
+  Python-backend stub of this interpreter's version copied next to the backend library, the wheel's
+  bundled libraries and the interpreter's ``libpython`` on ``LD_LIBRARY_PATH``, and the venv's
+  ``bin`` first on ``PATH`` (the stub embeds libpython and finds the venv's site-packages through
+  the ``python3`` it sees on PATH); :func:`server_command` does all of it.
 
-Process hygiene (runbook C3): the server is started in its own process group (``setsid``), bound to
+Process hygiene: the server is started in its own process group (``setsid``), bound to
 127.0.0.1 unless told otherwise, stopped with SIGTERM then SIGKILL on the whole group, and the
 Python backend's shared-memory files that a killed stub leaves behind are removed.
 
@@ -21,8 +22,9 @@ While it runs, the launcher watches every stub of its server and, when one dies,
 and starts it again (``--max-restarts``, default 5; ``--max-restarts 0`` exits with status 3
 instead, for an orchestrator that restarts containers). Readiness is false while it restarts.
 
-Usage: ``python -m triton_qwen3_tts.tools.launcher --model-repository DIR [--http-port 8000 ...]``
-(blocks until ready, then until interrupted).
+Usage: ``qwen3-tts-serve --model-repository DIR [--http-port 8000 ...]`` (the same as ``python -m
+triton_qwen3_tts.tools.launcher``): prints progress while it waits for readiness, then serves until
+interrupted. If the server fails to start, it prints the log lines that carry the cause.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import glob
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,6 +43,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from triton_qwen3_tts.engines.vllm.engine import CACHE_ENV, cache_root
 from triton_qwen3_tts.serving.stub_procs import StubWatch
 
 IMAGE_SERVER = "/opt/tritonserver/bin/tritonserver"
@@ -148,6 +152,7 @@ class TritonServer:
     log_path: str
     proc: Optional[subprocess.Popen] = None
     _log: object = field(default=None, repr=False)
+    _log_start: int = 0  # where this start's lines begin in the log (it is appended to)
 
     @property
     def http_url(self) -> str:
@@ -163,6 +168,7 @@ class TritonServer:
             if _port_in_use(port):
                 raise LaunchError(f"port {port} is already in use (another tritonserver still running?)")
         self._log = open(self.log_path, "ab")
+        self._log_start = self._log.tell()
         self.proc = subprocess.Popen(
             self.command.argv,
             env=self.command.env,
@@ -180,18 +186,43 @@ class TritonServer:
         except Exception:
             return False
 
-    def wait_ready(self, timeout: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout
+    def wait_ready(self, timeout: float = 300.0, progress=None, every: float = 10.0, cancelled=None) -> None:
+        """Block until the server answers ready. ``progress(seconds)`` is called every ``every``
+        seconds meanwhile. Raises :class:`LaunchError` with the log lines that carry the cause
+        (:meth:`log_causes`) when the server exits first or ``timeout`` passes, and at once when
+        ``cancelled()`` turns true."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        next_note = t0 + every
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise LaunchError(
-                    f"tritonserver exited with code {self.proc.returncode} before it was ready; "
-                    f"log tail:\n{self.log_tail()}"
+                    f"tritonserver exited with code {self.proc.returncode} before it was ready; {self.log_causes()}"
                 )
             if self.is_ready():
                 return
+            if cancelled is not None and cancelled():
+                raise LaunchError("stopped before the server was ready")
+            now = time.monotonic()
+            if progress is not None and now >= next_note:
+                progress(now - t0)
+                next_note = now + every
             time.sleep(0.5)
-        raise LaunchError(f"tritonserver not ready after {timeout:.0f} s; log tail:\n{self.log_tail()}")
+        raise LaunchError(f"tritonserver not ready after {timeout:.0f} s; {self.log_causes()}")
+
+    def log_causes(self, max_lines: int = 60) -> str:
+        """The lines this start wrote to the server log that say what went wrong (see
+        :func:`error_lines`), or the log's tail when none does; with the log's path."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_start)
+                text = f.read().decode("utf-8", "replace")
+        except OSError:
+            return f"no log at {self.log_path}"
+        lines = error_lines(text, max_lines)
+        if lines:
+            return f"the log's error lines ({self.log_path}):\n" + "\n".join(lines)
+        return f"no error line in the log; its tail ({self.log_path}):\n{self.log_tail(30)}"
 
     def log_tail(self, n: int = 60) -> str:
         try:
@@ -209,7 +240,7 @@ class TritonServer:
                 self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 pass
-        # Stubs of a server that died ignore SIGTERM (runbook C3): kill the whole group.
+        # Stubs of a server that died ignore SIGTERM: kill the whole group.
         _signal_group(self.proc.pid, signal.SIGKILL)
         try:
             self.proc.wait(timeout=10)
@@ -224,6 +255,39 @@ class TritonServer:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+# A Triton log line: severity letter, MMDD, time, ... ("E1125 00:47:12.123456 123 model_lifecycle.cc:...]")
+_TRITON_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
+_TRITON_ERROR = re.compile(r"^[EF]\d{4} \d\d:\d\d:\d\d")
+_ERROR_WORDS = re.compile(r"\b(error|failed|failure|fatal|exception|traceback|unavailable|killed)\b", re.I)
+# error lines every CPU start has, whatever goes wrong
+_HARMLESS = ("CudaDriverHelper has not been initialized",)
+
+
+def error_lines(text: str, max_lines: int = 60, follow: int = 12) -> List[str]:
+    """The lines of a tritonserver log that carry a failure's cause: Triton's error lines (``E1125
+    ...``), other lines naming an error, a failure or a traceback, each with up to ``follow`` lines
+    that continue its message (a Python traceback inside a model's load error); at most
+    ``max_lines``, the last ones when there are more."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    keep: List[int] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if (_TRITON_ERROR.match(line) or _ERROR_WORDS.search(line)) and not any(h in line for h in _HARMLESS):
+            keep.append(i)
+            j = i + 1
+            while j < len(lines) and j <= i + follow and not _TRITON_LINE.match(lines[j]):
+                keep.append(j)
+                j += 1
+            i = j
+        else:
+            i += 1
+    out = [lines[k] for k in keep]
+    if len(out) > max_lines:
+        out = [f"... ({len(out) - max_lines} earlier lines left out)"] + out[-max_lines:]
+    return out
 
 
 def _port_in_use(port: int) -> bool:
@@ -289,15 +353,31 @@ def start_server(
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model-repository", required=True)
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
-    p.add_argument("--address", default="127.0.0.1", help="bind address (0.0.0.0 inside containers)")
-    p.add_argument("--log", default="tritonserver.log")
-    p.add_argument("--ready-timeout", type=float, default=900.0)
-    p.add_argument("--server", choices=["auto", "image", "wheel"], default="auto")
+    p = argparse.ArgumentParser(
+        prog="qwen3-tts-serve",
+        description="Start Triton Inference Server on a model repository (qwen3-tts-build-repository writes one), "
+        "wait until it is ready and serve until interrupted; restarts it when a model process dies.",
+    )
+    p.add_argument("--model-repository", required=True, help="the repository folder")
+    p.add_argument("--http-port", type=int, default=8000, help="(default 8000)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="(default 8001)")
+    p.add_argument("--metrics-port", type=int, default=8002, help="(default 8002)")
+    p.add_argument("--address", default="127.0.0.1", help="bind address (default 127.0.0.1; 0.0.0.0 inside containers)")
+    p.add_argument("--log", default="tritonserver.log", help="the server's log file (default tritonserver.log)")
+    p.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for readiness (default 900)")
+    p.add_argument(
+        "--server",
+        choices=["auto", "image", "wheel"],
+        default="auto",
+        help="auto (default): a Triton image's /opt/tritonserver if present, else the nvidia-pytriton wheel's "
+        "tritonserver; image or wheel: only that one",
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="the cache folder the models write to (vLLM's derived model folders; default $QWEN3_TTS_CACHE, "
+        "else ~/.cache/triton_qwen3_tts)",
+    )
     p.add_argument(
         "--max-restarts",
         type=int,
@@ -310,11 +390,17 @@ def main(argv=None) -> int:
     )
     p.add_argument("extra", nargs="*", help="extra tritonserver arguments (after --)")
     a = p.parse_args(argv)
-    cmd = server_command(
-        a.model_repository, a.http_port, a.grpc_port, a.metrics_port, a.address, a.extra, prefer=a.server
-    )
-    server = TritonServer(cmd, a.http_port, a.grpc_port, a.metrics_port, a.log).start()
-    print(f"tritonserver ({cmd.kind}) starting; log: {a.log}", flush=True)
+    try:
+        cmd = server_command(
+            a.model_repository, a.http_port, a.grpc_port, a.metrics_port, a.address, a.extra, prefer=a.server
+        )
+        cache = os.path.abspath(os.path.expanduser(a.cache_dir)) if a.cache_dir else str(cache_root())
+        cmd.env[CACHE_ENV] = cache
+        server = TritonServer(cmd, a.http_port, a.grpc_port, a.metrics_port, a.log).start()
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    print(f"tritonserver ({cmd.kind}) starting; log: {os.path.abspath(a.log)}; cache: {cache}", flush=True)
     stop = {"flag": False}
 
     def _on_signal(signum, frame):
@@ -323,10 +409,26 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     restarts = 0
+
+    def waiting(seconds: float) -> None:
+        print(f"still waiting for the server to be ready: {seconds:.0f} s (log: {a.log})", flush=True)
+
     try:
         while True:
-            server.wait_ready(a.ready_timeout)
+            try:
+                server.wait_ready(a.ready_timeout, progress=waiting, cancelled=lambda: stop["flag"])
+            except LaunchError as e:
+                if stop["flag"]:
+                    return 0
+                print(f"error: {e}", file=sys.stderr, flush=True)
+                return 1
             print(f"ready: grpc {server.grpc_url}, http {server.http_url}, metrics :{a.metrics_port}", flush=True)
+            if restarts == 0:
+                print(
+                    f'try: qwen3-tts-client --url {server.grpc_url} --text "Hello there." --out hello.wav '
+                    "(Ctrl-C here stops the server)",
+                    flush=True,
+                )
             dead = supervise(server, stop)
             if not dead:
                 break

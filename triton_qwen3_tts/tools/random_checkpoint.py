@@ -1,4 +1,4 @@
-"""Random-weight checkpoints in the official Qwen3-TTS 12 Hz on-disk layout (spec sections 6, 7).
+"""Random-weight checkpoints in the official Qwen3-TTS 12 Hz on-disk layout.
 
 Why: the serving stack (loader, vLLM talker, codec engines, Triton repository) must be exercised
 on the *real* file layout -- file names, tensor names, shapes and dtypes -- without downloading
@@ -13,7 +13,7 @@ speech_tokenizer/{config.json, preprocessor_config.json, model.safetensors (fp32
 The tensor list is never written by hand: it is enumerated from the reference modules built on
 the meta device (:func:`main_tensor_specs`, :func:`speech_tokenizer_tensor_specs`). The loader
 (:mod:`checkpoint`) validates files against the very same enumeration, and the tests compare it
-with the parameter counts of spec 6.1 / 5.7.
+with the parameter counts of the official models.
 
 Two ways of filling the tensors (``method``):
 
@@ -26,10 +26,10 @@ Two ways of filling the tensors (``method``):
   the values from a ``torch.Generator`` seeded with ``sha256(f"{seed}:{file}:{key}")``, in
   fixed-size row chunks, cast each chunk to the file dtype and stream it to disk. Peak memory is
   one chunk (~64 MiB), so the 1.7B checkpoint (3.9 GB bf16) is written without holding it. The
-  values follow the key rules of :func:`rule_init_value` (spec 7: norms 1, biases 0,
+  values follow the key rules of :func:`rule_init_value` (the official init values: norms 1, biases 0,
   ``cluster_usage``/``initialized`` 1, LayerScale 0.01, ConvNeXt gamma 1e-6, SnakeBeta
   alpha = beta = 0, everything else N(0, 0.02); codebook sums N(0, 1)). These are the spec's
-  official init values, so a "fast" speech tokenizer decodes to near-silence (spec 7.3), unlike
+  official init values, so a "fast" speech tokenizer decodes to near-silence, unlike
   the "module" one (``codec.init_random_codec_weights`` defaults to audible noise). Measured:
   the 1.7B-Base checkpoint (4.5 GB) is written in ~50 s with a peak RSS of ~0.6 GB.
 
@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 
-# Top-level preprocessor_config.json (spec 6.2): read by AutoProcessor -> Qwen3TTSProcessor.
+# Top-level preprocessor_config.json: read by AutoProcessor -> Qwen3TTSProcessor.
 TOP_PREPROCESSOR_CONFIG = {"processor_class": "Qwen3TTSProcessor", "padding_side": "left"}
 
 # Presets whose modules have at most this many elements are built on CPU ("module" method).
@@ -111,11 +111,11 @@ def _key_seed(seed: int, file_tag: str, key: str) -> int:
 
 
 def _rule(key: str) -> tuple[str, float]:
-    """(kind, value) for a key: ("const", v) or ("normal", std). Spec 7 init values."""
+    """(kind, value) for a key: ("const", v) or ("normal", std). The official init values."""
     parts = key.split(".")
     leaf, owner = parts[-1], (parts[-2] if len(parts) > 1 else "")
     if leaf in ("cluster_usage", "initialized"):
-        return "const", 1.0  # positive usage, or the codebook becomes sum/1e-5 (spec 7.2)
+        return "const", 1.0  # positive usage, or the codebook becomes sum/1e-5
     if leaf in ("embedding_sum", "embed_sum"):
         return "normal", 1.0
     if leaf == "scale" and owner.endswith("layer_scale"):
@@ -271,7 +271,7 @@ def _check_codebooks(specs_and_values: Iterable[tuple[str, torch.Tensor]], where
         if key.endswith("cluster_usage") and not bool((t > 0).all()):
             raise ValueError(
                 f"{where}: '{key}' has non-positive entries; the codebook would be "
-                f"embedding_sum/1e-5 (spec 7.2). Fix the init helper."
+                f"embedding_sum/1e-5. Fix the init helper."
             )
 
 

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
         dec = ck.decoder
         full = codes if ref_codes is None else torch.cat([torch.as_tensor(ref_codes), codes])
         audio = dec.decode(full[None].to(next(dec.parameters()).device))[0].float().cpu().numpy()
-    if ref_codes is not None:  # the reference frames were only decoder context (spec 3.5)
+    if ref_codes is not None:  # the reference frames were only decoder context
         audio = audio[len(ref_codes) * dec.samples_per_frame :]
     sf.write(a.out, audio, 24000)
     print(f"wrote {a.out}: {codes.shape[0]} frames, {len(audio) / 24000:.2f} s of audio in {time.time() - t0:.1f} s")

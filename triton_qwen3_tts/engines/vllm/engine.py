@@ -10,7 +10,7 @@ vLLM never sees the official ``config.json`` (``model_type: qwen3_tts`` is unkno
 ``model.safetensors``. The checkpoint directory itself is never written.
 
 Processes: ``AsyncLLM`` always runs EngineCore in a child process, so the model class is
-registered through the ``vllm.general_plugins`` entry point (:mod:`.vllm_plugin`). Scripts that
+registered through the ``vllm.general_plugins`` entry point (:mod:`.plugin`). Scripts that
 start an engine need ``if __name__ == "__main__":`` (vLLM-CPU uses ``spawn``).
 """
 
@@ -124,7 +124,7 @@ def derived_config(raw: dict, cfg: Qwen3TTSConfig, max_trailing_tokens: int) -> 
         "head_dim": tc.head_dim,
         "hidden_act": t.get("hidden_act", "silu"),
         "rms_norm_eps": tc.rms_norm_eps,
-        # identical M-RoPE streams == plain 1-D RoPE (spec 1.3)
+        # identical M-RoPE streams == plain 1-D RoPE, bit for bit
         "rope_theta": tc.rope_theta,
         "rope_scaling": None,
         "max_position_embeddings": tc.max_position_embeddings,
@@ -158,8 +158,18 @@ def derived_config(raw: dict, cfg: Qwen3TTSConfig, max_trailing_tokens: int) -> 
     }
 
 
+CACHE_ENV = "QWEN3_TTS_CACHE"
+
+
+def cache_root() -> Path:
+    """The project's cache folder: ``$QWEN3_TTS_CACHE``, else ``~/.cache/triton_qwen3_tts``. The
+    derived model folders vLLM loads go to its ``vllm/`` (a few KB each: a config and a symlink)."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "triton_qwen3_tts").expanduser()
+
+
 def prepare_vllm_model_dir(checkpoint_dir, cache_dir=None, max_trailing_tokens: int = 512) -> Path:
-    """Write (once) the derived model dir vLLM loads; returns its path."""
+    """Write (once) the derived model dir vLLM loads, under ``cache_dir`` or ``cache_root()/vllm``;
+    returns its path."""
     ck = Path(checkpoint_dir).resolve()
     raw, cfg = _talker_json(ck)
     st = ck / "model.safetensors"
@@ -170,11 +180,7 @@ def prepare_vllm_model_dir(checkpoint_dir, cache_dir=None, max_trailing_tokens: 
     key = hashlib.sha256(
         json.dumps([str(ck), dcfg, stat.st_size, stat.st_mtime_ns], sort_keys=True).encode()
     ).hexdigest()[:16]
-    base = (
-        Path(cache_dir)
-        if cache_dir
-        else Path(os.environ.get("QWEN3_TTS_CACHE", Path.home() / ".cache" / "triton_qwen3_tts")) / "vllm"
-    )
+    base = Path(cache_dir) if cache_dir else cache_root() / "vllm"
     out = base / key
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "config.json.tmp"
@@ -218,7 +224,7 @@ class TalkerEngine:
     async def start(self) -> None:
         if self.llm is not None:
             return
-        # The project decision (vllm_talker_notes.md 6): MRV1 on every platform.
+        # The project decision (docs/design/talker-vllm.md): MRV1 on every platform.
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         import torch
         from vllm.engine.arg_utils import AsyncEngineArgs

@@ -1,0 +1,317 @@
+"""Every setting of a model repository, written once: name, default, allowed values and help.
+
+:data:`SETTINGS` is the one list. From it come:
+
+* the repository builder's settings (``serving/repository.py`` ``RepositorySettings``, generated
+  from this list) and its command-line flags (``qwen3-tts-build-repository --help``: underscores
+  become dashes, the allowed values and the help are these);
+* the ``config.pbtxt`` parameters (``model_repository/*/config.pbtxt.in`` fill ``${name}`` from the
+  settings) and the defaults of the typed configs the models parse them into at load time
+  (``serving/model_config.py`` takes its defaults and allowed values from here);
+* the settings table in README.md (``python scripts/render_settings.py`` writes it between
+  ``<!-- settings:begin -->`` and ``<!-- settings:end -->``; ``tests/test_settings.py`` fails when
+  README and this list disagree).
+
+The type of a setting is the type of its default (``bool``, ``int``, ``float`` or ``str``).
+``choices`` lists the allowed values of an enumerated setting, ``lo``/``hi`` bound a number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+__all__ = ["Setting", "SettingError", "SETTINGS", "BY_NAME", "default", "choices", "check", "render_table"]
+
+
+class SettingError(ValueError):
+    """A setting's value is not allowed; the message starts with the setting's name."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    help: str
+    choices: Tuple[Any, ...] = ()
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+    group: str = ""
+
+    @property
+    def type(self) -> type:
+        return type(self.default)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def allowed(self) -> str:
+        """The allowed values in words (for help texts, errors and README)."""
+        if self.choices:
+            return ", ".join(repr(c) if c == "" else str(c) for c in self.choices)
+        if self.type is bool:
+            return "true, false"
+        if self.lo is not None and self.hi is not None:
+            return f"{self.lo:g} to {self.hi:g}"
+        if self.lo is not None:
+            return f">= {self.lo:g}"
+        return "any"
+
+    def check(self, value: Any) -> Any:
+        """``value`` if allowed, else :class:`SettingError` naming the setting and what is allowed."""
+        t = self.type
+        ok = isinstance(value, t) and not (t is not bool and isinstance(value, bool))
+        if t is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, value = True, float(value)
+        if not ok:
+            raise SettingError(f"{self.name}: expected a {t.__name__}, got {value!r}")
+        if self.choices and value not in self.choices:
+            raise SettingError(f"{self.name}: must be one of {self.allowed()}; got {value!r}")
+        if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
+            raise SettingError(f"{self.name}: must be {self.allowed()}; got {value!r}")
+        return value
+
+
+_DTYPES = ("bfloat16", "float16", "float32")
+
+SETTINGS: Tuple[Setting, ...] = (
+    # ---- where and how
+    Setting(
+        "checkpoint", "", "checkpoint directory in the official Hugging Face layout (required)", group="repository"
+    ),
+    Setting(
+        "device",
+        "auto",
+        "where the talker and codec run; auto: gpu when a CUDA GPU is visible, else cpu",
+        choices=("auto", "gpu", "cpu"),
+        group="repository",
+    ),
+    Setting(
+        "engine",
+        "vllm",
+        "talker engine: vLLM with this package's plugin, or the native CUDA-graph engine",
+        choices=("vllm", "native"),
+        group="talker",
+    ),
+    Setting(
+        "codec_backend",
+        "auto",
+        "windowed codec_decoder: a TensorRT plan or the Python backend (torch / onnxruntime); "
+        "auto: tensorrt on a gpu with a plan, else python",
+        choices=("auto", "tensorrt", "python"),
+        group="codec",
+    ),
+    Setting("plan", "", "TensorRT plan of the codec decoder to copy in (codec_backend tensorrt)", group="codec"),
+    # ---- talker
+    Setting(
+        "talker_dtype",
+        "",
+        "talker weights and activations; '' = bfloat16 on gpu, float32 on cpu",
+        choices=("",) + _DTYPES,
+        group="talker",
+    ),
+    Setting("max_num_seqs", 64, "talker requests decoded together at most", lo=1, hi=1024, group="talker"),
+    Setting(
+        "max_model_len",
+        0,
+        "talker context (prompt + frames) per request; 0: sized from max_frames_limit, max_text_chars and "
+        "max_instruct_chars so that every request they allow fits (a smaller explicit value fails the build)",
+        lo=0,
+        group="talker",
+    ),
+    Setting(
+        "kv_cache_memory_bytes",
+        0,
+        "vLLM's KV cache pool; 0: gpu_memory_utilization on gpu, sized to the model and context on cpu "
+        "(max_num_seqs x max_model_len positions, 32 MiB floor, at most 1/4 of the memory)",
+        lo=0,
+        group="talker",
+    ),
+    Setting(
+        "gpu_memory_utilization",
+        0.5,
+        "vLLM on gpu: share of GPU memory for weights and KV cache",
+        lo=0.01,
+        hi=1.0,
+        group="talker",
+    ),
+    Setting("enforce_eager", False, "vLLM: no CUDA graphs (slower; for debugging)", group="talker"),
+    Setting(
+        "native_compile",
+        False,
+        "native engine on gpu: torch.compile the layer blocks before CUDA-graph capture",
+        group="talker",
+    ),
+    Setting(
+        "native_batch_buckets",
+        "",
+        "native engine: decode batch sizes with a captured graph, e.g. 1,8,32,64 ('' = the engine's default)",
+        group="talker",
+    ),
+    # ---- codec
+    Setting(
+        "codec_mode",
+        "windowed",
+        "windowed: codec_decoder re-decodes a left context with each chunk; stateful: "
+        "codec_decoder_stateful decodes only the new frames, exactly",
+        choices=("windowed", "stateful"),
+        group="codec",
+    ),
+    Setting(
+        "codec_runtime",
+        "torch",
+        "Python-backend codec: torch or onnxruntime",
+        choices=("torch", "onnxruntime"),
+        group="codec",
+    ),
+    Setting("codec_onnx_path", "", "codec_runtime onnxruntime: the ONNX file of the codec", group="codec"),
+    Setting("codec_dtype", "float32", "Python-backend codec precision", choices=_DTYPES, group="codec"),
+    Setting(
+        "codec_cuda_graphs", True, "Python-backend codec on gpu: CUDA graphs per batch and frame bucket", group="codec"
+    ),
+    Setting("codec_max_batch_size", 64, "codec requests Triton batches together at most", lo=1, hi=1024, group="codec"),
+    Setting(
+        "codec_queue_delay_us", 1000, "codec dynamic batcher: longest wait for a fuller batch", lo=0, group="codec"
+    ),
+    Setting("codec_instances", 1, "codec model instances", lo=1, hi=64, group="codec"),
+    Setting(
+        "codec_frame_buckets",
+        "",
+        "windowed codec: frame counts it pads to (one CUDA graph / TensorRT profile each); '' = from the chunk "
+        "schedule",
+        group="codec",
+    ),
+    Setting("codec_max_frames", 512, "frames one codec request may carry", lo=1, hi=8192, group="codec"),
+    Setting(
+        "codec_stateful_frame_buckets",
+        "",
+        "stateful codec on gpu: new-frame counts with a CUDA graph ('' = the chunk schedule's sizes plus 1)",
+        group="codec",
+    ),
+    Setting(
+        "codec_stateful_backend",
+        "python",
+        "codec_mode stateful: codec_decoder_stateful on the Python backend or a TensorRT plan",
+        choices=("python", "tensorrt"),
+        group="codec",
+    ),
+    Setting(
+        "stateful_plan", "", "TensorRT plan of the stateful codec (codec_stateful_backend tensorrt)", group="codec"
+    ),
+    Setting(
+        "codec_state",
+        "",
+        "codec_mode stateful: where a stream's decoder state lives between chunks; resident: inside the codec "
+        "model by stream id; request: sent with every chunk; '' = resident on python, request on tensorrt",
+        choices=("", "resident", "request"),
+        group="codec",
+    ),
+    Setting(
+        "codec_state_slots",
+        0,
+        "state resident: streams held at once; 0 = 2 x max_in_flight x tts_instances",
+        lo=0,
+        hi=65536,
+        group="codec",
+    ),
+    Setting(
+        "codec_state_idle_timeout_s",
+        300.0,
+        "state resident: release a stream idle this long (its caller vanished); 0: never",
+        lo=0,
+        hi=86400,
+        group="codec",
+    ),
+    # ---- tts: requests
+    Setting("default_speaker", "", "speaker of requests that name none ('' = the checkpoint's first)", group="tts"),
+    Setting(
+        "default_max_frames",
+        2048,
+        "max_frames of requests that give none (12.5 frames per second of audio)",
+        lo=1,
+        hi=32768,
+        group="tts",
+    ),
+    Setting("max_frames_limit", 4096, "largest max_frames a request may ask for", lo=1, hi=32768, group="tts"),
+    Setting("max_text_chars", 2000, "longest text and ref_text, in characters", lo=1, hi=100000, group="tts"),
+    Setting("max_instruct_chars", 1000, "longest instruct, in characters", lo=1, hi=100000, group="tts"),
+    Setting(
+        "first_chunk_frames",
+        2,
+        "frames of a stream's first audio chunk (time to first audio)",
+        lo=1,
+        hi=8192,
+        group="tts",
+    ),
+    Setting("chunk_ramp", "4,8,16", "frames of the chunks after the first, before chunk_frames", group="tts"),
+    Setting("chunk_frames", 25, "frames of every later chunk", lo=1, hi=8192, group="tts"),
+    Setting(
+        "left_context_frames",
+        72,
+        "windowed codec: frames of left context decoded with each chunk",
+        lo=0,
+        hi=8192,
+        group="tts",
+    ),
+    Setting("max_in_flight", 64, "requests a tts instance serves at once", lo=1, hi=100000, group="tts"),
+    Setting(
+        "max_queued", 64, "requests a tts instance queues beyond those (then UNAVAILABLE)", lo=0, hi=100000, group="tts"
+    ),
+    Setting(
+        "request_deadline_s",
+        60.0,
+        "a request without progress this long fails with UNAVAILABLE",
+        lo=0.5,
+        hi=3600,
+        group="tts",
+    ),
+    Setting(
+        "tts_instances",
+        1,
+        "tts stub processes (admission limits and voice cache are per instance)",
+        lo=1,
+        hi=64,
+        group="tts",
+    ),
+    Setting(
+        "voice_cache_size",
+        256,
+        "Base checkpoints: reference voices kept by voice_id (0: none)",
+        lo=0,
+        hi=65536,
+        group="tts",
+    ),
+)
+
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def default(name: str) -> Any:
+    """The default of setting ``name``."""
+    return BY_NAME[name].default
+
+
+def choices(name: str, *, resolved: bool = False) -> Tuple[Any, ...]:
+    """The allowed values of setting ``name``; ``resolved``: without ``auto`` (what a model gets)."""
+    return tuple(c for c in BY_NAME[name].choices if not (resolved and c == "auto"))
+
+
+def check(name: str, value: Any) -> Any:
+    return BY_NAME[name].check(value)
+
+
+def render_table() -> str:
+    """The Markdown table of every setting (README.md, between the settings markers)."""
+    rows = ["| flag | default | allowed | what |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        d = s.default
+        shown = (
+            "—"
+            if s.name == "checkpoint"
+            else "`''`"
+            if d == ""
+            else f"`{str(d).lower() if isinstance(d, bool) else d}`"
+        )
+        rows.append(f"| `{s.flag}` | {shown} | {s.allowed()} | {s.help} |")
+    return "\n".join(rows) + "\n"
