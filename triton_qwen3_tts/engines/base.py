@@ -12,9 +12,13 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
+from triton_qwen3_tts.model.config import GenerationDefaults
+
 __all__ = ["NUM_CHANNEL", "SUPPRESS_START", "EngineError", "TalkerRequest", "check_prompt_frames_trailing"]
 
 NUM_CHANNEL = 16  # codebooks per codec frame
+# sampling defaults: the official generation_config.json (model/config.py GenerationDefaults)
+_GEN = GenerationDefaults()
 SUPPRESS_START = 2048  # codebook-0 ids from here on are special tokens (suppressed but EOS)
 
 
@@ -84,14 +88,14 @@ class TalkerRequest:
     trailing: "object" = None
     max_frames: int = 256
     greedy: bool = False
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-    min_new_tokens: int = 2
+    temperature: float = _GEN.temperature
+    top_k: int = _GEN.top_k
+    top_p: float = _GEN.top_p
+    repetition_penalty: float = _GEN.repetition_penalty
+    min_new_tokens: int = _GEN.min_new_tokens
     sub_greedy: Optional[bool] = None
-    sub_temperature: float = 0.9
-    sub_top_k: int = 50
+    sub_temperature: float = _GEN.subtalker_temperature
+    sub_top_k: int = _GEN.subtalker_top_k
     seed: Optional[int] = None
     suppress_eos: bool = False  # benchmarks: never stop on EOS
 
@@ -103,20 +107,20 @@ class TalkerRequest:
         g = lambda k, d: getattr(sampling, k, d)  # noqa: E731
         do_sample = bool(g("do_sample", True))
         sub_sample = bool(g("subtalker_dosample", do_sample))
-        mf = max_frames if max_frames is not None else int(g("max_new_tokens", 2048)) - 1
+        mf = max_frames if max_frames is not None else int(g("max_new_tokens", _GEN.max_new_tokens)) - 1
         return cls(
             request_id=request_id,
             prompt_embeds=prompt_embeds,
             trailing=trailing,
             max_frames=mf,
             greedy=not do_sample,
-            temperature=float(g("temperature", 0.9)),
-            top_k=int(g("top_k", 50)),
-            top_p=float(g("top_p", 1.0)),
-            repetition_penalty=float(g("repetition_penalty", 1.05)),
-            min_new_tokens=int(g("min_new_tokens", 2)),
+            temperature=float(g("temperature", _GEN.temperature)),
+            top_k=int(g("top_k", _GEN.top_k)),
+            top_p=float(g("top_p", _GEN.top_p)),
+            repetition_penalty=float(g("repetition_penalty", _GEN.repetition_penalty)),
+            min_new_tokens=int(g("min_new_tokens", _GEN.min_new_tokens)),
             sub_greedy=not sub_sample,
-            sub_temperature=float(g("subtalker_temperature", 0.9)),
-            sub_top_k=int(g("subtalker_top_k", 50)),
+            sub_temperature=float(g("subtalker_temperature", _GEN.subtalker_temperature)),
+            sub_top_k=int(g("subtalker_top_k", _GEN.subtalker_top_k)),
             seed=seed if seed is not None else g("seed", None),
         )

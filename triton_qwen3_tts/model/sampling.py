@@ -30,6 +30,8 @@ import torch
 
 from triton_qwen3_tts.model.config import GenerationDefaults
 
+_GEN = GenerationDefaults()  # the official defaults, written once (model/config.py)
+
 __all__ = [
     "SamplingParams",
     "apply_repetition_penalty",
@@ -78,17 +80,17 @@ class SamplingParams:
     Temperatures are checked only for the stage that samples: greedy ignores them, as HF does.
     """
 
-    do_sample: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-    min_new_tokens: int = 2
-    subtalker_dosample: bool = True
-    subtalker_temperature: float = 0.9
-    subtalker_top_k: int = 50
-    subtalker_top_p: float = 1.0
-    max_new_tokens: int = 2048
+    do_sample: bool = _GEN.do_sample
+    temperature: float = _GEN.temperature
+    top_k: int = _GEN.top_k
+    top_p: float = _GEN.top_p
+    repetition_penalty: float = _GEN.repetition_penalty
+    min_new_tokens: int = _GEN.min_new_tokens
+    subtalker_dosample: bool = _GEN.subtalker_dosample
+    subtalker_temperature: float = _GEN.subtalker_temperature
+    subtalker_top_k: int = _GEN.subtalker_top_k
+    subtalker_top_p: float = _GEN.subtalker_top_p
+    max_new_tokens: int = _GEN.max_new_tokens
     seed: Optional[int] = None
     ignore_eos: bool = False  # fixed-length benchmark mode: EOS is never sampled
 

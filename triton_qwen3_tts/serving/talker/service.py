@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Dict, Mapping
 
@@ -18,7 +17,7 @@ import numpy as np
 from triton_qwen3_tts.model.prompt import PromptError, PromptRequest
 from triton_qwen3_tts.serving.talker.coalesce import FrameCoalescer, check_response_frames
 from triton_qwen3_tts.serving.errors import as_request_error
-from triton_qwen3_tts.serving.tts.request import RequestError, _scalar
+from triton_qwen3_tts.serving.tts.request import RequestError, _scalar, check_sampling
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +62,11 @@ class TalkerService:
         v = {k: _scalar(k, inputs.get(k), kind) for k, kind in TALKER_INPUTS.items()}
         if v["text"] is None:
             raise RequestError("text", "is required")
-        temperature = 0.9 if v["temperature"] is None else v["temperature"]
-        if not math.isfinite(temperature) or temperature < 0:
-            raise RequestError("temperature", f"must be a finite number >= 0 (0 = greedy), got {temperature}")
-        top_k = 50 if v["top_k"] is None else v["top_k"]
-        if not 1 <= top_k <= self.max_top_k:
-            raise RequestError("top_k", f"must be in [1, {self.max_top_k}], got {top_k}")
+        temperature, top_k = check_sampling(
+            TalkerRequest.temperature if v["temperature"] is None else v["temperature"],
+            TalkerRequest.top_k if v["top_k"] is None else v["top_k"],
+            self.max_top_k,
+        )
         max_frames = self.default_max_frames if v["max_frames"] is None else v["max_frames"]
         if max_frames < 1:
             raise RequestError("max_frames", f"must be >= 1, got {max_frames}")

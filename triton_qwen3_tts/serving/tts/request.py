@@ -14,6 +14,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from triton_qwen3_tts.model.config import GenerationDefaults
+from triton_qwen3_tts.serving.settings import default
+
 __all__ = ["RequestError", "TtsLimits", "TtsRequest", "parse_tts_request", "TTS_INPUTS", "SAMPLE_FORMATS", "TASK_TYPES"]
 
 TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
@@ -27,6 +30,16 @@ class RequestError(ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+def check_sampling(temperature: float, top_k: int, max_top_k: int) -> tuple:
+    """The sampling inputs of a request (the tts's and the talker's): ``(temperature, top_k)`` or a
+    :class:`RequestError` naming the input and what is allowed."""
+    if not math.isfinite(temperature) or temperature < 0:
+        raise RequestError("temperature", f"must be a finite number >= 0 (0 = greedy), got {temperature}")
+    if not 1 <= top_k <= max_top_k:
+        raise RequestError("top_k", f"must be in [1, {max_top_k}], got {top_k}")
+    return temperature, top_k
 
 
 # name -> (Triton dtype, kind) ; kind: str | bool | int | float | audio
@@ -60,12 +73,12 @@ class TtsLimits:
     default_language: str = "auto"
     default_sample_format: str = "float32"
     default_stream: bool = True
-    default_temperature: float = 0.9
-    default_top_k: int = 50
-    default_max_frames: int = 2048
-    max_frames_limit: int = 4096
-    max_text_chars: int = 2000
-    max_instruct_chars: int = 1000
+    default_temperature: float = GenerationDefaults.temperature
+    default_top_k: int = GenerationDefaults.top_k
+    default_max_frames: int = default("default_max_frames")
+    max_frames_limit: int = default("max_frames_limit")
+    max_text_chars: int = default("max_text_chars")
+    max_instruct_chars: int = default("max_instruct_chars")
     ref_min_seconds: float = 1.0
     ref_max_seconds: float = 30.0
     ref_sample_rates: tuple = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000)
@@ -202,12 +215,11 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
     sample_format = _choice("sample_format", v["sample_format"], SAMPLE_FORMATS, limits.default_sample_format)
     stream = limits.default_stream if v["stream"] is None else v["stream"]
 
-    temperature = limits.default_temperature if v["temperature"] is None else v["temperature"]
-    if not math.isfinite(temperature) or temperature < 0:
-        raise RequestError("temperature", f"must be a finite number >= 0 (0 = greedy), got {temperature}")
-    top_k = limits.default_top_k if v["top_k"] is None else v["top_k"]
-    if not (1 <= top_k <= limits.max_top_k):
-        raise RequestError("top_k", f"must be in [1, {limits.max_top_k}], got {top_k}")
+    temperature, top_k = check_sampling(
+        limits.default_temperature if v["temperature"] is None else v["temperature"],
+        limits.default_top_k if v["top_k"] is None else v["top_k"],
+        limits.max_top_k,
+    )
     seed = v["seed"]
     if seed is not None and not (0 <= seed < 2**63):
         raise RequestError("seed", f"must be in [0, 2^63), got {seed}")
