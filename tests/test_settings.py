@@ -4,6 +4,7 @@ models' typed-config defaults and README's table all come from it, and drift fai
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,19 @@ def test_serving_reads_the_checkpoint_generation_config(tmp_path):
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_k": 20}))
     g = load_generation_defaults(tmp_path)
     assert (g.temperature, g.top_k) == (0.6, 20)
+
+
+def test_readme_tts_inputs_table_quotes_the_current_defaults():
+    """The `tts` inputs table names settings with their default in parentheses (`max_text_chars`
+    (2000)); each must be the setting's default, and the sampling defaults the official ones."""
+    from triton_qwen3_tts.serving.tts.request import TtsLimits
+
+    text = (ROOT / "README.md").read_text()
+    table = text.split("### `tts` inputs", 1)[1].split("\n\n#", 1)[0]
+    quoted = re.findall(r"`(\w+)` \((\d+)\)", table)
+    assert {"max_text_chars", "max_instruct_chars", "default_max_frames", "max_frames_limit"} <= {q for q, _ in quoted}
+    for name, value in quoted:
+        assert int(value) == default(name), (name, value)
+    gen = GenerationDefaults()
+    assert f"({gen.temperature} in the official ones)" in table and f"({gen.top_k} in the official ones)" in table
+    assert f"| 1..{TtsLimits().max_top_k} |" in table
