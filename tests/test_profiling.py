@@ -70,3 +70,31 @@ def test_report_script_says_when_there_is_nothing(tmp_path):
         [sys.executable, str(ROOT / "scripts" / "profile_report.py"), str(tmp_path)], capture_output=True, text=True
     )
     assert r.returncode == 1 and "no profiles" in r.stderr
+
+
+def test_snapshot_reads_other_threads_without_walking_their_frames():
+    """The sampler's stacks come from faulthandler's C-level dump (no f_back walk from Python,
+    which crashed a stub when another thread returned meanwhile), parsed per thread ident."""
+    import threading
+
+    from triton_qwen3_tts.serving.profiling import _parse_dump, _Snapshot
+
+    go, done = threading.Event(), threading.Event()
+
+    def parked_in_a_named_function():
+        go.set()
+        done.wait(10)
+
+    t = threading.Thread(target=parked_in_a_named_function)
+    t.start()
+    go.wait(5)
+    try:
+        stacks = _Snapshot().take()
+    finally:
+        done.set()
+        t.join()
+    assert t.ident in stacks
+    assert any(":parked_in_a_named_function:" in label for label in stacks[t.ident])
+    assert _parse_dump('Thread 0x000000000000000a (most recent call first):\n  File "/a/b/c.py", line 3 in f\n') == {
+        10: ["b/c.py:f:3"]
+    }

@@ -11,18 +11,21 @@ approach its wall seconds while the GPU waits is bound by its Python work (one G
 Why a sampler of our own rather than py-spy or yappi: py-spy attaches with ptrace, which the GPU
 machine's sandbox refuses to non-root users and which a stub cannot do to itself; yappi and
 cProfile hook every call, which slows an IPC-bound service enough to change what is measured.
-Reading ``sys._current_frames()`` every few milliseconds from a daemon thread needs nothing
-installed and costs a few per cent of one core (6 % in the H100 run's tts stub: 30 threads
-sampled every 5 ms; raise ``QWEN3_TTS_PROFILE_INTERVAL_MS`` to pay less). ``python scripts/profile_report.py DIR``
+Reading every thread's stack every few milliseconds from a daemon thread (``faulthandler``'s dump,
+see :class:`_Snapshot`) needs nothing installed and costs a few per cent of one core (6 % in the
+H100 run's tts stub, 30 threads sampled every 5 ms, with the earlier Python frame walk; raise
+``QWEN3_TTS_PROFILE_INTERVAL_MS`` to pay less). ``python scripts/profile_report.py DIR``
 prints the files as tables.
 """
 
 from __future__ import annotations
 
 import collections
+import faulthandler
 import json
 import os
-import sys
+import re
+import tempfile
 import threading
 import time
 from typing import Dict, List, Optional
@@ -31,19 +34,54 @@ ENV_DIR = "QWEN3_TTS_PROFILE_DIR"
 ENV_INTERVAL = "QWEN3_TTS_PROFILE_INTERVAL_MS"
 
 
-def _frame_label(frame) -> str:
-    code = frame.f_code
-    parts = code.co_filename.replace("\\", "/").split("/")
-    short = "/".join(parts[-2:])
-    return f"{short}:{code.co_name}:{frame.f_lineno}"
+_FRAME_LINE = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<func>.*)$')
+_THREAD_LINE = re.compile(r"^(?:Current thread|Thread) (?P<ident>0x[0-9a-f]+)")
 
 
-def _stack(frame, depth: int) -> str:
-    labels: List[str] = []
-    while frame is not None and len(labels) < depth:
-        labels.append(_frame_label(frame))
-        frame = frame.f_back
-    return " <- ".join(labels)
+def _label(filename: str, func: str, line: str) -> str:
+    parts = filename.replace("\\", "/").split("/")
+    return f"{'/'.join(parts[-2:])}:{func}:{line}"
+
+
+def _parse_dump(text: str) -> Dict[int, List[str]]:
+    """``faulthandler.dump_traceback(all_threads=True)`` output -> {thread ident: frame labels,
+    innermost first}."""
+    out: Dict[int, List[str]] = {}
+    current: Optional[List[str]] = None
+    for line in text.splitlines():
+        t = _THREAD_LINE.match(line)
+        if t:
+            current = out.setdefault(int(t.group("ident"), 16), [])
+            continue
+        f = _FRAME_LINE.match(line)
+        if f and current is not None:
+            current.append(_label(f.group("file"), f.group("func"), f.group("line")))
+    return out
+
+
+class _Snapshot:
+    """Every thread's stack, read by faulthandler in C while this thread holds the GIL.
+
+    Walking other threads' frames from Python (``sys._current_frames()`` then ``f_back``) is not
+    safe in CPython 3.11: this thread may lose the GIL between two bytecodes, the other thread then
+    returns from a frame, and ``f_back`` reads freed memory (a segfault seen in a stub under load).
+    faulthandler's dump reads the frames without running Python code, so it cannot be interrupted.
+    """
+
+    def __init__(self):
+        self._file = tempfile.TemporaryFile(mode="w+b")
+
+    def take(self) -> Dict[int, List[str]]:
+        f = self._file
+        f.seek(0)
+        f.truncate()
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.flush()
+        f.seek(0)
+        return _parse_dump(f.read().decode("utf-8", "replace"))
+
+    def close(self) -> None:
+        self._file.close()
 
 
 class _Timing:
@@ -91,6 +129,7 @@ class StackSampler:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._t0 = self._cpu0 = 0.0
+        self._snapshot: Optional[_Snapshot] = None
 
     # -- recording -------------------------------------------------------------------------
     def timing(self, key: str, seconds: float) -> None:
@@ -103,14 +142,16 @@ class StackSampler:
     def sample_once(self) -> None:
         me = threading.get_ident()
         names = {t.ident: t.name for t in threading.enumerate()}
-        frames = sys._current_frames()
+        if self._snapshot is None:
+            self._snapshot = _Snapshot()
+        stacks = self._snapshot.take()
         with self._lock:
-            for ident, frame in frames.items():
+            for ident, labels in stacks.items():
                 if ident == me:
                     continue
                 tname = names.get(ident, f"thread-{ident}")
                 self._samples[tname] += 1
-                self._counts[tname][_stack(frame, self.depth)] += 1
+                self._counts[tname][" <- ".join(labels[: self.depth])] += 1
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> "StackSampler":
