@@ -48,12 +48,14 @@ def table(figures: list) -> str:
     return "\n".join(rows) + ("\n\n" + note if note else "")
 
 
-def render(text: str, block: str, path: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{path}: no {BEGIN} ... {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+def render(text: str, block: str, path: str, begin: str = BEGIN, end: str = END) -> str:
+    """``text`` with what stands between the markers ``begin`` and ``end`` replaced by ``block``
+    (also used by scripts/render_settings.py)."""
+    if begin not in text or end not in text:
+        raise ValueError(f"{path}: no {begin} ... {end} markers")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{block}\n{end}{tail}"
 
 
 def main(argv=None) -> int:

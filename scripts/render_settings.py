@@ -12,6 +12,8 @@ import argparse
 import os
 import sys
 
+from render_goals import render  # scripts/render_goals.py, beside this file
+
 from triton_qwen3_tts.serving.settings import render_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -21,11 +23,7 @@ BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 
 def rendered(text: str) -> str:
     """``text`` with the block between the markers replaced by the current table."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"README.md lacks the markers {BEGIN} ... {END}")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{render_table()}{END}{tail}"
+    return render(text, render_table().rstrip("\n"), "README.md", BEGIN, END)
 
 
 def main(argv=None) -> int:

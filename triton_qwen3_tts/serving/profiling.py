@@ -174,6 +174,9 @@ class StackSampler:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self.write()
+        if self._snapshot is not None and not (self._thread is not None and self._thread.is_alive()):
+            self._snapshot.close()
+            self._snapshot = None
 
     # -- report ----------------------------------------------------------------------------
     def report(self) -> Dict[str, object]:
