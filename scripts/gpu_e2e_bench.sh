@@ -12,7 +12,10 @@
 # closed-loop level keeps its N streams busy for 15 s, so every level measures many requests),
 # PROFILE=1 (the stubs write stack-sample profiles to $OUT/profiles, summarised in
 # $OUT/profile.txt by scripts/profile_report.py), TAG (names this run's output files),
-# PER_LEVEL=1 (one benchmark_service run per level, server metrics snapshot after each).
+# PER_LEVEL=1 (one benchmark_service run per level, server metrics snapshot after each),
+# RATES (open loop on the same server after the closed loop: Poisson arrivals at these req/s,
+# OPEN_FRAMES-frame clips (default 50, 4 s), OPEN_ARGS default "--duration 15 --warmup 2
+# --streams 64"; its table ends with the capacity line), LEVELS="" (no closed loop).
 # Stage "graphs": scripts/check_stateful_graphs.py (stateful codec's CUDA graphs vs eager), fp32
 # and bf16, on the preset's random decoder.
 set -uo pipefail
@@ -58,11 +61,17 @@ if [[ " $STAGES " == *" service "* ]]; then
         --out-csv "$OUT/service_${TAG}_c$L.csv" --no-progress 2>&1 | tail -4
       curl -s localhost:18002/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_${TAG}_c$L.txt"
     done
-  else
+  elif [ -n "$LEVELS" ]; then
     # shellcheck disable=SC2086
     timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --concurrency $LEVELS \
       --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service_$TAG.json" \
-      --out-csv "$OUT/service_$TAG.csv" 2>&1 | tail -30
+      --out-csv "$OUT/service_$TAG.csv" --no-progress 2>&1 | tail -30
+  fi
+  if [ -n "${RATES:-}" ]; then
+    # shellcheck disable=SC2086
+    timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate $RATES \
+      --fixed-frames "${OPEN_FRAMES:-50}" ${OPEN_ARGS:---duration 15 --warmup 2 --streams 64} \
+      --out-json "$OUT/open_$TAG.json" --out-csv "$OUT/open_$TAG.csv" --no-progress 2>&1 | tail -30
   fi
   curl -s localhost:18002/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_$TAG.txt"
   pkill -TERM -f tritonserver; sleep 5; pkill -KILL -f triton_python_backend_stub

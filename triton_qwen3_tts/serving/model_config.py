@@ -118,9 +118,34 @@ class TalkerModelConfig:
     # CUDA-graph capture (GPU), and the decode batch buckets ("" = the engine's default)
     native_compile: bool = default("native_compile")
     native_batch_buckets: str = default("native_batch_buckets")
+    # pipeline fused (serving/talker/fused.py): the codec runs in this model, scheduled by
+    # playback deadline with these chunk sizes; codec_max_batch is its largest batch
+    pipeline: str = default("pipeline")
+    fused_buffer_ms: int = default("fused_buffer_ms")
+    first_chunk_frames: int = default("first_chunk_frames")
+    chunk_ramp: str = default("chunk_ramp")
+    chunk_frames: int = default("chunk_frames")
+    codec_dtype: str = default("codec_dtype")
+    codec_cuda_graphs: bool = default("codec_cuda_graphs")
+    codec_max_batch: int = default("codec_max_batch_size")
+    codec_state_slots: int = 128
 
     def __post_init__(self):
         _choice("engine", self.engine, choices("engine"))
+        _choice("pipeline", self.pipeline, choices("pipeline"))
+        if self.pipeline == "fused" and self.engine != "native":
+            raise ModelConfigError("parameter 'pipeline' fused needs engine native (the codec runs in its loop)")
+        _choice("codec_dtype", self.codec_dtype, choices("codec_dtype"))
+        self.ramp()  # validates chunk_ramp
+        if not 1 <= self.first_chunk_frames <= self.chunk_frames:
+            raise ModelConfigError(
+                f"parameters 'first_chunk_frames' ({self.first_chunk_frames}) and 'chunk_frames' "
+                f"({self.chunk_frames}) need 1 <= first_chunk_frames <= chunk_frames"
+            )
+        if not 20 <= self.fused_buffer_ms <= 60000:
+            raise ModelConfigError(f"parameter 'fused_buffer_ms' must be in [20, 60000], got {self.fused_buffer_ms}")
+        if self.codec_max_batch < 1 or self.codec_state_slots < 1:
+            raise ModelConfigError("parameters 'codec_max_batch' and 'codec_state_slots' must be >= 1")
         self.batch_buckets()  # validates native_batch_buckets
         _choice("device", self.device, ("cuda", "cpu"))
         _choice("dtype", self.dtype, choices("talker_dtype")[1:])
@@ -134,6 +159,16 @@ class TalkerModelConfig:
             raise ModelConfigError("parameter 'kv_cache_memory_bytes' must be >= 0")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ModelConfigError("parameter 'gpu_memory_utilization' must be in (0, 1]")
+
+    def ramp(self) -> tuple:
+        """``chunk_ramp`` as a tuple of ints."""
+        try:
+            vals = tuple(int(x) for x in self.chunk_ramp.replace(" ", "").split(",") if x)
+        except ValueError:
+            raise ModelConfigError(f"parameter 'chunk_ramp' must be comma-separated ints, got {self.chunk_ramp!r}")
+        if any(v < 1 for v in vals):
+            raise ModelConfigError(f"parameter 'chunk_ramp' values must be >= 1, got {self.chunk_ramp!r}")
+        return vals
 
     def batch_buckets(self):
         """``native_batch_buckets`` as a tuple of ints (None when empty)."""
@@ -231,6 +266,8 @@ class TtsModelConfig:
     talker_model: str = "talker"
     codec_model: str = "codec_decoder"
     codec_mode: str = default("codec_mode")  # windowed | stateful (codec_model is then the stateful codec)
+    # fused: the talker sends audio (its engine runs the codec); no codec model is called
+    pipeline: str = default("pipeline")
     # stateful codec without optional inputs (TensorRT): a stream's first chunk sends an all-zero
     # state instead of start=true
     codec_zero_state_start: bool = False
@@ -285,6 +322,7 @@ class TtsModelConfig:
                 f"parameter 'request_deadline_s' must be in [0.5, 3600] seconds, got {self.request_deadline_s}"
             )
         _choice("codec_mode", self.codec_mode, choices("codec_mode"))
+        _choice("pipeline", self.pipeline, choices("pipeline"))
         _choice("codec_state", self.codec_state, STATE_RESIDENCY)
         if self.codec_state == "resident" and self.codec_zero_state_start:
             raise ModelConfigError(

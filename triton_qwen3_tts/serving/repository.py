@@ -47,6 +47,8 @@ def _cross_checks(self) -> None:
     values and range are checked against serving/settings.py)."""
     if "auto" in (self.device, self.codec_backend):
         raise RepositoryError("device and codec_backend 'auto' are resolved first (resolve_auto)")
+    if self.pipeline == "fused" and self.engine != "native":
+        raise RepositoryError("pipeline fused needs engine native (the codec runs in the native engine's loop)")
     if self.codec_backend == "tensorrt" and self.device == "cpu":
         raise RepositoryError("codec_backend tensorrt needs device gpu (use --codec-backend python on CPU)")
     if self.codec_backend == "tensorrt" and self.plan and not os.path.exists(self.plan):
@@ -388,7 +390,10 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         "tts": "tts",
         "codec_decoder": "codec_decoder" if s.codec_backend == "tensorrt" else "codec_decoder_python",
     }
-    if stateful:
+    if s.pipeline == "fused":  # the talker decodes the audio itself
+        del models["codec_decoder"]
+        stateful = False
+    elif stateful:
         # the tts then talks to codec_decoder_stateful only: loading the windowed codec as well
         # would hold its CUDA graphs (tens of GB at batch 64 x 97 frames) for nothing
         del models["codec_decoder"]
@@ -406,7 +411,7 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         model_py = os.path.join(src_dir, "1", "model.py")
         if os.path.exists(model_py):
             shutil.copy2(model_py, os.path.join(dst_dir, "model.py"))
-    if s.codec_backend == "tensorrt" and not stateful:
+    if s.codec_backend == "tensorrt" and "codec_decoder" in models:
         plan = s.plan or os.path.join(templates, "codec_decoder", "1", "model.plan")
         if not os.path.exists(plan):
             raise RepositoryError(

@@ -88,6 +88,15 @@ SETTINGS: Tuple[Setting, ...] = (
         group="repository",
     ),
     Setting(
+        "pipeline",
+        "split",
+        "fused: the native talker engine also decodes the audio (stateful codec in its process, one "
+        "scheduler ordering talker steps and codec batches by playback deadline; engine native); split: the "
+        "talker streams frames to a codec model",
+        choices=("split", "fused"),
+        group="repository",
+    ),
+    Setting(
         "engine",
         "vllm",
         "talker engine: vLLM with this package's plugin, or the native CUDA-graph engine",
@@ -147,6 +156,15 @@ SETTINGS: Tuple[Setting, ...] = (
         "native_batch_buckets",
         "",
         "native engine: decode batch sizes with a captured graph, e.g. 1,8,32,64 ('' = the engine's default)",
+        group="talker",
+    ),
+    Setting(
+        "fused_buffer_ms",
+        400,
+        "pipeline fused: decode a stream's next audio once its client's buffer holds less than this; "
+        "with more, its frames wait and go out later in one larger chunk",
+        lo=20,
+        hi=60000,
         group="talker",
     ),
     # ---- codec

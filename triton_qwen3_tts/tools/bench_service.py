@@ -21,11 +21,35 @@ or ``--dataset FILE`` (``id<TAB>text`` lines, seed-tts format), drawn with a see
 their definitions: ``triton_qwen3_tts/tools/bench_metrics.py`` (TTFA, latency, RTF = latency / audio,
 playback underruns; mean/p50/p95/p99 with numpy's linear percentile; req/s; audio-seconds per
 wall-second). The tables show underruns as the percentage of a level's successful requests that
-had one (the JSON keeps ``underruns_total`` and ``requests_with_underrun``).
+had one (the JSON and CSV also carry it as ``underrun_pct``, and keep ``underruns_total`` and
+``requests_with_underrun``).
+
+Clip lengths (``--clip-frames-dist``): ``fixed`` (the default) leaves each request's length as
+``--fixed-frames N`` (max_frames N with ignore_eos: every clip exactly N frames), ``--max-frames N``
+(max_frames N without ignore_eos: the text's length, at most N frames) or, with neither, the text
+alone. ``uniform:LO:HI`` draws each request's max_frames uniformly from the integers LO..HI (both
+included) and sends it with ignore_eos, so each clip is exactly that long (one frame = 1920 samples
+= 80 ms at 24 kHz; 50 frames = 4 s); it excludes --fixed-frames and --max-frames. The draws come
+from an RNG seeded by ``--seed`` and the level's index (as the text choice, but a stream of its
+own: the same seed picks the same texts with either distribution), in the order the level's
+requests are sent, warm-up included. Each request row in the JSON has the ``max_frames`` it sent.
+
+Capacity (open loop): after the table, a ``capacity:`` line gives the highest *offered* rate
+(``--rate`` level) that passes: TTFA p95 <= ``--capacity-ttfa-p95-ms`` (100) and fewer than
+``--capacity-underrun-pct`` (1) % of its requests with an underrun, with no failed request (a
+request cancelled because the level did not drain is a failed one). A rate tested more than once
+passes only if every level at it passes. Failing lower rates do not matter to it
+(``capacity_rps``); ``capacity_rps_contiguous`` is the highest rate such that it and every lower
+tested rate pass. None (JSON null) means no tested rate passed (contiguous: the lowest one failed).
+The JSON has both and the thresholds (``capacity_ttfa_p95_ms``, ``capacity_underrun_pct``), each
+open-loop level ``capacity_pass``; with ``--voice-cache both`` they are per pass, under
+``capacity_by_voice_cache``.
 
     qwen3-tts-bench-service --concurrency 1 4 8 --requests-per-level 32 --warmup 4 \
         --out-json bench.json --out-csv bench.csv --plot bench.png
     qwen3-tts-bench-service --rate 0.5 1 2 --duration 60 --seed 1
+    # streaming capacity: Poisson arrivals of clips of 3.2-4.8 s, capacity line after the table
+    qwen3-tts-bench-service --rate 5 10 20 --duration 30 --clip-frames-dist uniform:40:60
     # random-weight checkpoints never stop on their own: force fixed-length requests
     qwen3-tts-bench-service --concurrency 1 8 --fixed-frames 100
     # CPU, no server running: start one on a checkpoint (vLLM-CPU talker, Python codec), sweep, stop
@@ -62,6 +86,41 @@ def _task_type(s: str) -> str:
     if key not in TASK_TYPES:
         raise argparse.ArgumentTypeError(f"unknown task type {s!r}: CustomVoice, VoiceDesign or Base")
     return TASK_TYPES[key]
+
+
+def parse_clip_dist(s: str) -> Optional[Tuple[int, int]]:
+    """``--clip-frames-dist``: ``fixed`` -> None; ``uniform:LO:HI`` -> ``(LO, HI)``, integers with
+    1 <= LO <= HI. Raises ValueError with the reason for anything else."""
+    if s.strip().lower() == "fixed":
+        return None
+    parts = s.split(":")
+    if len(parts) != 3 or parts[0].strip().lower() != "uniform":
+        raise ValueError(f"{s!r} is neither 'fixed' nor 'uniform:LO:HI' (e.g. uniform:40:60)")
+    try:
+        lo, hi = int(parts[1]), int(parts[2])
+    except ValueError:
+        raise ValueError(f"{s!r}: LO and HI of uniform:LO:HI must be integers (frames)") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"{s!r}: uniform:LO:HI needs 1 <= LO <= HI")
+    return lo, hi
+
+
+def _clip_dist(s: str) -> str:
+    try:
+        parse_clip_dist(s)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return s
+
+
+def _positive(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {s}")
+    return v
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -102,6 +161,31 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="send max_frames N with ignore_eos (fixed-length requests, for random-weight checkpoints)",
     )
     p.add_argument("--max-frames", type=int, default=None, help="max_frames without ignore_eos")
+    p.add_argument(
+        "--clip-frames-dist",
+        type=_clip_dist,
+        default="fixed",
+        metavar="fixed|uniform:LO:HI",
+        help="clip length per request: 'fixed' (default) = as --fixed-frames/--max-frames/the text "
+        "say; 'uniform:LO:HI' = max_frames drawn uniformly from the integers LO..HI (inclusive, "
+        "seeded by --seed) with ignore_eos, so each clip is exactly that many frames (80 ms each); "
+        "excludes --fixed-frames and --max-frames",
+    )
+    p.add_argument(
+        "--capacity-ttfa-p95-ms",
+        type=_positive,
+        metavar="MS",
+        default=100.0,
+        help="open loop: a rate passes the capacity line with TTFA p95 <= this many ms (default 100)",
+    )
+    p.add_argument(
+        "--capacity-underrun-pct",
+        type=_positive,
+        metavar="PCT",
+        default=1.0,
+        help="open loop: a rate passes the capacity line with fewer than this %% of its requests underrunning "
+        "(and TTFA p95 within --capacity-ttfa-p95-ms, no failed request) (default 1)",
+    )
     p.add_argument(
         "--task-type",
         "--task",
@@ -168,6 +252,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         a.concurrency = [1]
     if a.fixed_frames is not None and a.max_frames is not None:
         p.error("--fixed-frames and --max-frames are exclusive")
+    a.clip_frames_range = parse_clip_dist(a.clip_frames_dist)
+    if a.clip_frames_range is not None and (a.fixed_frames is not None or a.max_frames is not None):
+        p.error("--clip-frames-dist uniform:LO:HI sets each request's max_frames: drop --fixed-frames/--max-frames")
     if (a.requests_per_level is None or a.requests_per_level < 1) and a.duration is None:
         p.error("--requests-per-level must be >= 1 (or give --duration)")
     if a.ref_text and not a.ref_audio:
@@ -214,17 +301,39 @@ def read_ref_audio(path: str):
 
 
 class TextPicker:
-    """Seeded, thread-safe choice of (id, text, language) per request index."""
+    """Seeded, thread-safe choice of (id, text, language) per request index, and of the request's
+    clip length (:meth:`clip_frames`, from an RNG of its own so the texts do not depend on it)."""
 
-    def __init__(self, texts: Sequence[Tuple[str, str, Optional[str]]], seed: int, language: Optional[str]):
+    def __init__(
+        self,
+        texts: Sequence[Tuple[str, str, Optional[str]]],
+        seed: int,
+        language: Optional[str],
+        clip_range: Optional[Tuple[int, int]] = None,
+    ):
         self.texts, self.language = list(texts), language
         self.rng = random.Random(seed)
+        self.clip_range = clip_range
+        self.clip_rng = random.Random(f"clip-frames:{seed}")
         self.lock = threading.Lock()
 
     def pick(self) -> Tuple[str, str, Optional[str]]:
         with self.lock:
             uid, text, lang = self.rng.choice(self.texts)
         return uid, text, (self.language or lang)
+
+    def clip_frames(self) -> Optional[int]:
+        """The next request's max_frames under ``uniform:LO:HI`` (None with ``fixed``)."""
+        if self.clip_range is None:
+            return None
+        with self.lock:
+            return draw_clip_frames(self.clip_rng, self.clip_range)
+
+
+def draw_clip_frames(rng: random.Random, clip_range: Tuple[int, int]) -> int:
+    """One draw of ``uniform:LO:HI``: an integer uniform over LO..HI, both included."""
+    lo, hi = clip_range
+    return rng.randint(lo, hi)
 
 
 class InFlight:
@@ -281,16 +390,35 @@ def _one_request(
     """Send one request on ``client`` and wait for it; never raises (errors become a record).
     The client attributes each error to its own request; a request without a response for
     ``--timeout`` s is cancelled on the server by ``receive`` (record code TIMEOUT)."""
-    from triton_qwen3_tts.tools.client import TtsError, build_inputs
-
     uid, text, lang = picker.pick()
     kw = dict(base_kw, text=text)
+    frames = picker.clip_frames()
+    if frames is not None:  # --clip-frames-dist uniform:LO:HI: exactly `frames` frames, as --fixed-frames does
+        kw["max_frames"], kw["ignore_eos"] = frames, True
     if lang:
         kw["language"] = lang
     if a.request_seed is not None:
         kw["seed"] = a.request_seed + index
     if kw.pop("_fresh_voice_id", False):  # --voice-cache fresh: a voice the server has never seen
         kw["voice_id"] = f"bench-{uuid.uuid4().hex}"
+    rec = _send_and_receive(client, t0, kw, uid, a, scheduled, sent, inflight)
+    rec.max_frames = kw.get("max_frames")  # not a RequestRecord field: _sweep adds it to the request row
+    return rec
+
+
+def _send_and_receive(
+    client,
+    t0: float,
+    kw: Dict[str, object],
+    uid: str,
+    a: argparse.Namespace,
+    scheduled: Optional[float],
+    sent: Optional[Callable[[], None]],
+    inflight: Optional[InFlight],
+) -> bm.RequestRecord:
+    """The send and wait of :func:`_one_request` (inputs ``kw``); never raises."""
+    from triton_qwen3_tts.tools.client import TtsError, build_inputs
+
     t_send = time.perf_counter()
     try:
         rid = client.send(build_inputs(**kw))
@@ -528,6 +656,94 @@ def underrun_pct(agg: Dict[str, object]) -> Optional[float]:
     return 100.0 * agg["requests_with_underrun"] / agg["ok"] if agg["ok"] else None
 
 
+def capacity_misses(agg: Dict[str, object], ttfa_p95_ms: float = 100.0, max_underrun_pct: float = 1.0) -> List[str]:
+    """Why one open-loop level does not pass the capacity criterion; [] = it passes. It passes with
+    at least one request, no failed request, TTFA p95 <= ``ttfa_p95_ms`` and fewer than
+    ``max_underrun_pct`` % of its requests with an underrun."""
+    why = []
+    if agg["failures"]:
+        why.append(f"{agg['failures']} failed")
+    if not agg["ok"]:
+        why.append("no successful request")
+        return why
+    p95 = agg["ttfa"]["p95"]
+    if p95 is None:
+        why.append("no audio")
+    elif p95 * 1000.0 > ttfa_p95_ms + 1e-9:
+        why.append(f"TTFA p95 {p95 * 1000.0:.1f} ms > {ttfa_p95_ms:g} ms")
+    pct = underrun_pct(agg)
+    if pct >= max_underrun_pct:
+        why.append(f"{pct:.1f} % underrun >= {max_underrun_pct:g} %")
+    return why
+
+
+def _rates_passing(aggs: Sequence[Dict[str, object]], ttfa_p95_ms: float, underrun_pct: float) -> Dict[float, bool]:
+    """Offered rate -> whether every level run at it passes."""
+    out: Dict[float, bool] = {}
+    for agg in aggs:
+        rate = float(agg["level"])
+        out[rate] = out.get(rate, True) and not capacity_misses(agg, ttfa_p95_ms, underrun_pct)
+    return out
+
+
+def capacity(
+    aggs: Sequence[Dict[str, object]], ttfa_p95_ms: float = 100.0, underrun_pct: float = 1.0
+) -> Optional[float]:
+    """Streaming capacity of an open-loop sweep: the highest offered rate (req/s, the level) whose
+    levels all pass (:func:`capacity_misses`), whether or not lower rates pass. None: no tested
+    rate passed."""
+    ok = [r for r, p in _rates_passing(aggs, ttfa_p95_ms, underrun_pct).items() if p]
+    return max(ok) if ok else None
+
+
+def capacity_contiguous(
+    aggs: Sequence[Dict[str, object]], ttfa_p95_ms: float = 100.0, underrun_pct: float = 1.0
+) -> Optional[float]:
+    """The highest offered rate such that it and every lower tested rate pass. None: the lowest
+    tested rate failed (or none was tested)."""
+    best = None
+    for rate, ok in sorted(_rates_passing(aggs, ttfa_p95_ms, underrun_pct).items()):
+        if not ok:
+            break
+        best = rate
+    return best
+
+
+def capacity_result(
+    aggs: Sequence[Dict[str, object]], ttfa_p95_ms: float = 100.0, underrun_pct: float = 1.0
+) -> Dict[str, object]:
+    """The capacity keys of the JSON result (None = no tested rate passed / the lowest failed)."""
+    return {
+        "capacity_rps": capacity(aggs, ttfa_p95_ms, underrun_pct),
+        "capacity_rps_contiguous": capacity_contiguous(aggs, ttfa_p95_ms, underrun_pct),
+        "capacity_ttfa_p95_ms": ttfa_p95_ms,
+        "capacity_underrun_pct": underrun_pct,
+    }
+
+
+def capacity_line(aggs: Sequence[Dict[str, object]], ttfa_p95_ms: float = 100.0, underrun_pct: float = 1.0) -> str:
+    """The ``capacity:`` line printed after an open-loop table."""
+    crit = (
+        f"the highest offered rate with TTFA p95 <= {ttfa_p95_ms:g} ms, < {underrun_pct:g} % of requests "
+        "underrunning and none failed"
+    )
+    cap = capacity(aggs, ttfa_p95_ms, underrun_pct)
+    cont = capacity_contiguous(aggs, ttfa_p95_ms, underrun_pct)
+    misses = [
+        f"{float(agg['level']):g} ({', '.join(w)})"
+        for agg in sorted(aggs, key=lambda g: float(g["level"]))
+        if (w := capacity_misses(agg, ttfa_p95_ms, underrun_pct))
+    ]
+    if cap is None:
+        line = f"capacity: none: no tested rate passed ({crit})"
+    else:
+        line = (
+            f"capacity: {cap:g} req/s ({crit}); contiguous "
+            f"{'none (the lowest rate failed)' if cont is None else f'{cont:g} req/s'} (it and every lower rate pass)"
+        )
+    return line + (f"; failing: {'; '.join(misses)}" if misses else "")
+
+
 def table_row(agg: Dict[str, object]) -> str:
     t, lat, rtf = agg["ttfa"], agg["latency"], agg["rtf"]
     lvl = agg["level"]
@@ -674,6 +890,12 @@ def run(
     aggs = [dict(agg, voice_cache=w) for w, r in results.items() for agg in r["levels"]]
     rows = [dict(row, voice_cache=w) for w, r in results.items() for row in r["requests"]]
     result = dict(results[passes[0]], levels=aggs, requests=rows, voice_cache=passes)
+    if result["mode"] == "open" and len(passes) > 1:  # one capacity per pass, not the first pass's alone
+        result["capacity_by_voice_cache"] = {
+            w: capacity_result(r["levels"], a.capacity_ttfa_p95_ms, a.capacity_underrun_pct) for w, r in results.items()
+        }
+        for k in ("capacity_rps", "capacity_rps_contiguous"):
+            result.pop(k, None)
     if len(passes) == 2:
         print("\nvoice cache comparison (per level): TTFA p50 ms, latency p50 ms", file=out)
         for fa, sa in zip(results["fresh"]["levels"], results["shared"]["levels"]):
@@ -708,7 +930,7 @@ def _sweep(
     levels = list(a.concurrency or a.rate)
     aggs, rows = [], []
     for li, level in enumerate(levels):
-        picker = TextPicker(texts, a.seed * 1000 + li, a.language)
+        picker = TextPicker(texts, a.seed * 1000 + li, a.language, a.clip_frames_range)
         if a.warmup > 0:
             wl = int(level) if mode == "closed" else max(1, min(a.streams, a.warmup))
             _, _, left = run_closed(
@@ -733,11 +955,19 @@ def _sweep(
         # requests cancelled because they were still in flight --drain-timeout s after the last
         # send (print_table says so under the level's row)
         agg["not_drained"] = left
+        agg["underrun_pct"] = underrun_pct(agg)  # % of the successful requests (JSON, CSV)
+        if mode == "open":
+            agg["capacity_pass"] = not capacity_misses(agg, a.capacity_ttfa_p95_ms, a.capacity_underrun_pct)
         aggs.append(agg)
-        rows += [bm.record_row(r) for r in sorted(recs, key=lambda r: r.t_send)]
+        rows += [
+            dict(bm.record_row(r), max_frames=getattr(r, "max_frames", None))
+            for r in sorted(recs, key=lambda r: r.t_send)
+        ]
         if len(levels) > 1:
             print_table([agg], mode, file=out)
     print_table(aggs, mode, file=out)
+    if mode == "open":
+        print(capacity_line(aggs, a.capacity_ttfa_p95_ms, a.capacity_underrun_pct), file=out)
     config = {k: v for k, v in vars(a).items()}
     result = {
         "config": config,
@@ -747,6 +977,8 @@ def _sweep(
         "levels": aggs,
         "requests": rows,
     }
+    if mode == "open":
+        result.update(capacity_result(aggs, a.capacity_ttfa_p95_ms, a.capacity_underrun_pct))
     if write:
         _write_outputs(a, result, aggs)
     return result

@@ -36,6 +36,19 @@ rank). Same seed -> same frames, independent of batch composition, bucket, top-p
 replay. Greedy requests take the argmax after the same codebook-0 processing as the reference
 (repetition penalty, min_new_tokens, suppression) and reproduce ``generate_codes``.
 
+**Co-worker.** A caller may put other GPU work into the same loop (the fused pipeline's codec,
+``serving/talker/fused.py``): an object set as ``engine.cowork`` before requests arrive, with
+
+* ``run(talker_busy) -> bool`` (worker thread, each iteration, after releases and
+  admissions): do some work instead of this iteration's decode step and return True, or False;
+* ``on_events(events)`` (worker thread, end of each iteration): ``(request_id, frames [1, 16] or
+  None, finished)`` of every request the iteration touched;
+* ``has_work() -> bool`` and ``dispatch()`` (event loop, between iterations): whether the loop
+  must keep turning for it, and a chance to hand its results to its consumers.
+
+The loop runs one iteration at a time, so the co-worker's worker-thread and loop-thread parts never
+run at once; ``wake()`` makes an idle loop look again.
+
 Imports neither vLLM nor Triton.
 """
 
@@ -120,6 +133,7 @@ class NativeEngine:
         self.step_hist: Dict[Tuple[int, int], int] = {}
         self.prefill_hist: Dict[Tuple[int, int, bool], int] = {}  # (P, L, graph) -> calls
         self.pf_graphs = False  # prefill graphs captured (keys ("prefill", P, L) in graphs)
+        self.cowork = None  # optional: other work in this loop (module docstring)
 
     @classmethod
     async def create(
@@ -276,6 +290,11 @@ class NativeEngine:
         self._wake.set()
         if self._task is not None and not self._task.done():
             await r.freed.wait()
+
+    def wake(self) -> None:
+        """Make an idle scheduler look for work again (the co-worker has some)."""
+        if self._wake is not None:
+            self._wake.set()
 
     def stats(self) -> dict:
         return {
@@ -463,7 +482,8 @@ class NativeEngine:
             self.model.step(B, C, tp)
         self.steps += 1
         self.step_hist[(B, C)] = self.step_hist.get((B, C), 0) + 1
-        return self.model.out[:n].cpu().numpy()
+        # a copy: on CPU ``.cpu()`` is the step's own buffer, which the next step overwrites
+        return self.model.out[:n].cpu().numpy().copy()
 
     def _work(self, admits: List[_Req]) -> List[Tuple[_Req, Optional[np.ndarray], bool]]:
         """Scheduler body, run off the event loop: releases, admissions, one decode step.
@@ -483,7 +503,12 @@ class NativeEngine:
                 if eos:  # the first c0 is EOS: no frames
                     self._release(r)
                     events.append((r, None, True))
+        cw = self.cowork
+        if cw is not None and cw.run(bool(self._active)):
+            self._tell(events)
+            return events
         if not self._active:
+            self._tell(events)
             return events
         out = self._run_step()
         for i, r in enumerate(list(self._active)):
@@ -495,13 +520,19 @@ class NativeEngine:
         for r, _, stop in events:
             if stop and r.slot >= 0:
                 self._release(r)
+        self._tell(events)
         return events
+
+    def _tell(self, events) -> None:
+        if self.cowork is not None and events:
+            self.cowork.on_events([(r.req.request_id, frames, stop) for r, frames, stop in events])
 
     async def _scheduler(self) -> None:
         loop = asyncio.get_running_loop()
         try:
             while not self._closed:
-                if not self._active and not self._waiting:
+                cw = self.cowork
+                if not self._active and not self._waiting and (cw is None or not cw.has_work()):
                     self._wake.clear()
                     await self._wake.wait()
                     continue
@@ -514,6 +545,8 @@ class NativeEngine:
                         r.queue.put_nowait(frames)
                     if stop:
                         self._finish(r)
+                if cw is not None:
+                    cw.dispatch()
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise

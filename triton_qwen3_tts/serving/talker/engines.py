@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 from triton_qwen3_tts.serving.model_config import TalkerModelConfig
@@ -37,7 +38,7 @@ async def make_engine(cfg: TalkerModelConfig):
     extra = {}
     if cfg.batch_buckets():
         extra["batch_buckets"] = cfg.batch_buckets()
-    return await NativeEngine.create(
+    engine = await NativeEngine.create(
         cfg.checkpoint,
         NativeEngineConfig(
             max_num_seqs=cfg.max_num_seqs,
@@ -50,3 +51,44 @@ async def make_engine(cfg: TalkerModelConfig):
             **extra,
         ),
     )
+    if cfg.pipeline == "fused":
+        return await asyncio.get_running_loop().run_in_executor(None, make_fused, cfg, engine)
+    return engine
+
+
+def make_fused(cfg: TalkerModelConfig, engine):
+    """The fused pipeline around a started native engine: the checkpoint's codec decoder in this
+    process (stateful; CUDA graphs per batch bucket and frame count on the GPU), a state pool of
+    ``codec_state_slots`` streams and the deadline policy."""
+    import torch
+
+    from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
+    from triton_qwen3_tts.serving.codec.graphs import StatefulGraphRunner, batch_buckets_for
+    from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder
+    from triton_qwen3_tts.serving.codec.stateful import StatePool
+    from triton_qwen3_tts.serving.talker.deadline import DeadlinePolicy
+    from triton_qwen3_tts.serving.talker.fused import FusedPipeline, frame_buckets
+
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.codec_dtype]
+    device = torch.device(cfg.device)
+    decoder, _ = load_codec_decoder(cfg.checkpoint, device, dtype)
+    sd = StatefulCodecDecoder(decoder).eval()
+    buckets = frame_buckets(cfg.first_chunk_frames, cfg.ramp(), cfg.chunk_frames)
+    codec = sd
+    if device.type == "cuda" and cfg.codec_cuda_graphs:
+        codec = StatefulGraphRunner(sd, device, dtype, batch_buckets_for(cfg.codec_max_batch), buckets)
+        codec.warmup()
+    else:  # warm-up: one step from zero state
+        with torch.inference_mode():
+            sd.step(torch.zeros((1, 2, 16), dtype=torch.long, device=device), sd.init_state(1, device, dtype))
+    pool = StatePool(sd, cfg.codec_state_slots, device, dtype, idle_timeout_s=0)
+    policy = DeadlinePolicy(
+        first_chunk_frames=cfg.first_chunk_frames,
+        ramp=cfg.ramp(),
+        chunk_frames=cfg.chunk_frames,
+        buffer_s=cfg.fused_buffer_ms / 1000.0,
+        urgent_s=min(0.15, cfg.fused_buffer_ms / 2000.0),
+        max_batch=cfg.codec_max_batch,
+        frame_buckets=buckets,
+    )
+    return FusedPipeline(engine, codec, pool, policy, prime_frames=cfg.chunk_frames)

@@ -1,4 +1,5 @@
-"""The `talker` model's logic, independent of Triton: inputs -> prompt -> engine -> frames.
+"""The `talker` model's logic, independent of Triton: inputs -> prompt -> engine -> frames (or,
+with the fused pipeline as its engine, ``serving/talker/fused.py``, audio chunks).
 
 Inputs are those of ``model_repository/talker/config.pbtxt.in``. The engine is any object with
 ``async synthesize(TalkerRequest)`` yielding int32 ``[n, 16]``, ``async abort(request_id)`` and
@@ -120,16 +121,20 @@ class TalkerService:
             req = self.parse(request_id, inputs)
         except (PromptError, EngineError) as e:
             raise as_request_error(e) from None  # the field it names, written once
+        fused = getattr(self.engine, "fused", False)  # the engine yields audio chunks, not frames
         try:
-            coalescer = FrameCoalescer(check_response_frames(inputs.get("response_frames")))
+            coalescer = FrameCoalescer(None if fused else check_response_frames(inputs.get("response_frames")))
         except ValueError as e:
             raise RequestError("response_frames", str(e)) from None
+        extra = {}
+        if fused and inputs.get("ref_codes") is not None:  # in-context cloning: codec context
+            extra["prefix"] = np.asarray(inputs["ref_codes"]).reshape(-1, 16)
         self.live[request_id] = asyncio.current_task()
         self.stats.started += 1
         done = False
         try:
             try:
-                agen = self.engine.synthesize(req)
+                agen = self.engine.synthesize(req, **extra)
                 async for frames in agen:
                     out = coalescer.push(frames)
                     if out is not None:

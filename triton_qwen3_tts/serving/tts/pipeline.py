@@ -111,6 +111,35 @@ async def stream_audio(
         yield AudioChunk(np.zeros(0, np.float32), total, 0, True)
 
 
+async def forward_audio(
+    chunks: AsyncIterator[np.ndarray],
+    cancelled: Callable[[], bool] = lambda: False,
+    samples_per_frame: int = SAMPLES_PER_FRAME,
+    on_first_frames: Optional[Callable[[], None]] = None,
+) -> AsyncIterator[AudioChunk]:
+    """The fused pipeline's side of :func:`stream_audio`: the talker already sends audio (float32
+    chunks of whole frames, ``serving/talker/fused.py``); pass them on in order, then an empty
+    final chunk. Cancellation is checked between chunks."""
+    total = 0
+    async for item in chunks:
+        if on_first_frames is not None:
+            on_first_frames()
+            on_first_frames = None
+        if cancelled():
+            raise Cancelled()
+        samples = np.asarray(item, np.float32).reshape(-1)
+        if samples.size == 0 or samples.size % samples_per_frame:
+            raise RuntimeError(
+                f"talker sent {samples.size} samples; expected a positive multiple of {samples_per_frame}"
+            )
+        n = samples.size // samples_per_frame
+        yield AudioChunk(samples, total, n, False)
+        total += n
+        if cancelled():
+            raise Cancelled()
+    yield AudioChunk(np.zeros(0, np.float32), total, 0, True)
+
+
 def to_sample_format(samples: np.ndarray, sample_format: str) -> np.ndarray:
     """float32 [-1, 1] -> the requested wire format."""
     if sample_format == "float32":

@@ -29,7 +29,7 @@ from triton_qwen3_tts.serving.tts.chunks import ChunkScheduler, ScheduleConfig
 from triton_qwen3_tts.serving.tts.admission import Admission, Overloaded
 from triton_qwen3_tts.serving.faults import PeerDied, Stalled
 from triton_qwen3_tts.serving.model_config import TtsModelConfig
-from triton_qwen3_tts.serving.tts.pipeline import Cancelled, stream_audio, to_sample_format
+from triton_qwen3_tts.serving.tts.pipeline import Cancelled, forward_audio, stream_audio, to_sample_format
 from triton_qwen3_tts.serving.tts.request import RequestError, TtsRequest, parse_tts_request
 from triton_qwen3_tts.serving.tts.codec_session import LiveCounter, open_session
 from triton_qwen3_tts.serving.tts.voice import Encode, ResolvedVoice, VoiceCache, resolve_voice
@@ -206,6 +206,8 @@ class TtsService:
             # the stateful codec carries the past itself: no left context
             left_context_frames=0 if cfg.codec_mode == "stateful" else cfg.left_context_frames,
         )
+        # pipeline fused: the talker sends audio (its engine decodes it); ``codec`` is unused
+        self.fused = cfg.pipeline == "fused"
         self.admission = Admission(cfg.admission())
         self.talker = talker
         self.codec = codec
@@ -308,50 +310,31 @@ class TtsService:
                 return
             touch()
         try:
-            session = open_session(self.codec)
-            if getattr(session, "stateful", False):
-                self.codec_states.add(1)
-            prefix = None
-            if voice is not None and voice.ref_codes is not None:
-                prefix = voice.ref_codes  # decoder context only, as in the official wrapper
-                if getattr(session, "stateful", False):
-                    await self._prime(session, prefix)
-                    prefix = None
-            frames = _touching(
-                self.talker.stream(
-                    rid,
-                    talker_inputs(
-                        req,
-                        None if voice is None else voice.speaker_embedding,
-                        None if voice is None else voice.ref_codes,
-                        schedule_sizes(self.schedule),
+            if self.fused:  # the talker sends audio
+                chunks = forward_audio(
+                    _touching(
+                        self.talker.stream(
+                            rid,
+                            talker_inputs(
+                                req,
+                                None if voice is None else voice.speaker_embedding,
+                                None if voice is None else voice.ref_codes,
+                            ),
+                        ),
+                        touch,
                     ),
-                ),
-                touch,
-            )
-            scheduler = ChunkScheduler(self.schedule)
-            collected = []
+                    cancelled,
+                    on_first_frames=lambda: self.metrics.first_frames(time.monotonic() - t0),
+                )
+            else:
+                session = open_session(self.codec)
+                if getattr(session, "stateful", False):
+                    self.codec_states.add(1)
+                chunks = await self._split_chunks(req, voice, rid, session, touch, cancelled, t0)
             first = True
             n_frames = 0
-
-            async def decode(codes, left_context, _decode=session.decode):
-                t = time.monotonic()
-                try:
-                    out = await _decode(codes, left_context)
-                finally:
-                    self.metrics.codec_call(time.monotonic() - t)
-                touch()
-                return out
-
-            async for chunk in stream_audio(
-                frames,
-                decode,
-                scheduler,
-                cancelled,
-                prefix=prefix,
-                left_context_frames=self.schedule.left_context_frames,
-                on_first_frames=lambda: self.metrics.first_frames(time.monotonic() - t0),
-            ):
+            collected = []
+            async for chunk in chunks:
                 n_frames += chunk.num_frames
                 if chunk.samples.size and first:
                     first = False
@@ -404,6 +387,47 @@ class TtsService:
                     log.exception("closing the codec session of %s failed", rid)
                 if getattr(session, "stateful", False):
                     self.codec_states.add(-1)
+
+    async def _split_chunks(self, req, voice, rid, session, touch, cancelled, t0):
+        """The split pipeline's audio chunks: talker frames through the chunk schedule into the
+        codec ``session`` (primed with a Base voice's reference codes first)."""
+        prefix = None
+        if voice is not None and voice.ref_codes is not None:
+            prefix = voice.ref_codes  # decoder context only, as in the official wrapper
+            if getattr(session, "stateful", False):
+                await self._prime(session, prefix)
+                prefix = None
+        frames = _touching(
+            self.talker.stream(
+                rid,
+                talker_inputs(
+                    req,
+                    None if voice is None else voice.speaker_embedding,
+                    None if voice is None else voice.ref_codes,
+                    schedule_sizes(self.schedule),
+                ),
+            ),
+            touch,
+        )
+
+        async def decode(codes, left_context, _decode=session.decode):
+            t = time.monotonic()
+            try:
+                out = await _decode(codes, left_context)
+            finally:
+                self.metrics.codec_call(time.monotonic() - t)
+            touch()
+            return out
+
+        return stream_audio(
+            frames,
+            decode,
+            ChunkScheduler(self.schedule),
+            cancelled,
+            prefix=prefix,
+            left_context_frames=self.schedule.left_context_frames,
+            on_first_frames=lambda: self.metrics.first_frames(time.monotonic() - t0),
+        )
 
     async def _resolve_voice(self, req: TtsRequest) -> ResolvedVoice:
         if self.encode is None:

@@ -57,8 +57,9 @@ class _TalkerBLS:
 
     ITERATOR_GRACE_S = 10.0
 
-    def __init__(self, model_name: str, max_streams: int):
+    def __init__(self, model_name: str, max_streams: int, output: str = "codes"):
         self.model_name = model_name
+        self.output = output  # "codes" ([n, 16] frames) or "audio" (pipeline fused: float32 chunks)
         self.pool = ThreadPoolExecutor(max_workers=max_streams + 8, thread_name_prefix="tts-bls")
         self._finished = collections.deque()  # (time, iterator): past their FINAL, held for the grace
 
@@ -110,7 +111,7 @@ class _TalkerBLS:
             model_name=self.model_name,
             request_id=request_id,
             inputs=tensors_from_dict(inputs),
-            requested_output_names=["codes"],
+            requested_output_names=[self.output],
         )
         responses = self._read(await req.async_exec(decoupled=True))
         try:
@@ -119,13 +120,13 @@ class _TalkerBLS:
                     # the talker's own code and field ("[INVALID_ARG] max_frames: ..." reaches the
                     # client as that, once): serving/errors.py parses the message back
                     raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
-                out = pb_utils.get_output_tensor_by_name(resp, "codes")
+                out = pb_utils.get_output_tensor_by_name(resp, self.output)
                 if out is not None:
                     # Copy: the array must not depend on the lifetime of the BLS response's buffer
                     # (the pipeline keeps frames across chunks; a view crashed the stub once in CI).
-                    codes = np.array(out.as_numpy())
-                    if codes.size:
-                        yield codes.reshape(-1, 16)
+                    item = np.array(out.as_numpy())
+                    if item.size:
+                        yield item.reshape(-1, 16) if self.output == "codes" else item.reshape(-1)
         finally:
             await responses.aclose()
 
@@ -314,7 +315,10 @@ class TritonPythonModel:
         self.cfg = TtsModelConfig.from_parameters(parameters_from_model_config(model_config))
         ckpt = Qwen3TTSConfig.from_file(os.path.join(self.cfg.checkpoint, "config.json"))
         self._init_metrics()
-        if self.cfg.codec_mode == "stateful" and self.cfg.codec_state == "resident":
+        fused = self.cfg.pipeline == "fused"  # the talker sends audio: no codec model
+        if fused:
+            codec = None
+        elif self.cfg.codec_mode == "stateful" and self.cfg.codec_state == "resident":
             codec = _ResidentCodecBLS(self.cfg.codec_model)
         elif self.cfg.codec_mode == "stateful":
             codec = _StatefulCodecBLS(self.cfg.codec_model, self.cfg.checkpoint, self.cfg.codec_zero_state_start)
@@ -328,9 +332,13 @@ class TritonPythonModel:
             self.encoders = ReferenceEncoders(
                 self.cfg.checkpoint, self.cfg.encoder_device, on_run=lambda name: runs[f"enc_{name}"].increment(1)
             )
-        self.talker = _TalkerBLS(self.cfg.talker_model, self.cfg.max_in_flight + self.cfg.max_queued)
+        self.talker = _TalkerBLS(
+            self.cfg.talker_model, self.cfg.max_in_flight + self.cfg.max_queued, "audio" if fused else "codes"
+        )
         # the talker's and codec's stub processes: siblings of this one (children of tritonserver)
-        peers = StubWatch(os.getppid(), (self.cfg.talker_model, self.cfg.codec_model))
+        peers = StubWatch(
+            os.getppid(), (self.cfg.talker_model,) if fused else (self.cfg.talker_model, self.cfg.codec_model)
+        )
         self.service = TtsService(
             self.cfg,
             ckpt,

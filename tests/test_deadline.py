@@ -1,0 +1,149 @@
+"""The fused pipeline's scheduling choice (serving/talker/deadline.py), pure, with a fake clock:
+first chunks go first, then streams by buffer slack; a full buffer waits and its chunk grows; a
+talker step comes between non-critical decodes; an idle talker flushes everything; batches
+group equal frame counts rounded to the codec's frame buckets."""
+
+import pytest
+
+from triton_qwen3_tts.serving.talker.deadline import FRAME_SECONDS, DeadlinePolicy, StreamState
+
+
+def policy(**kw):
+    base = dict(
+        first_chunk_frames=1,
+        ramp=(4, 8),
+        chunk_frames=16,
+        buffer_s=0.4,
+        urgent_s=0.1,
+        max_batch=8,
+        frame_buckets=(1, 2, 4, 8, 16),
+    )
+    base.update(kw)
+    return DeadlinePolicy(**base)
+
+
+def playing(sid, now, slack, pending, chunks=3, t_submit=0.0):
+    """A stream that has sent ``chunks`` chunks and holds ``slack`` seconds of audio at ``now``."""
+    delivered = 10
+    return StreamState(
+        sid,
+        t_submit,
+        pending=pending,
+        delivered=delivered,
+        chunks=chunks,
+        t_first=now + slack - delivered * FRAME_SECONDS,
+    )
+
+
+def test_slack_is_audio_delivered_minus_time_played():
+    s = StreamState(1, 0.0, delivered=5, chunks=1, t_first=10.0)
+    assert s.slack(10.1) == pytest.approx(0.3)
+    assert StreamState(2, 0.0).slack(1.0) is None
+
+
+def test_first_chunks_go_first_in_arrival_order():
+    p, now = policy(), 5.0
+    streams = [
+        playing(1, now, slack=0.05, pending=4),  # critical, but a first chunk still goes first
+        StreamState(2, t_submit=4.9, pending=1),
+        StreamState(3, t_submit=4.8, pending=2),
+        StreamState(4, t_submit=4.7, pending=0),  # no frame yet: nothing to decode
+    ]
+    b = p.pick(streams, now, talker_busy=True)
+    assert b.reason == "first" and b.frames == 1 and b.sids == (3, 2)
+    streams[1].chunks = streams[2].chunks = 1
+    streams[1].pending = streams[2].pending = 0
+    b = p.pick(streams, now, talker_busy=True)
+    assert b.reason == "critical" and b.sids == (1,) and b.frames == 4
+
+
+def test_full_buffer_waits_and_its_chunk_grows():
+    p, now = policy(), 1.0
+    s = playing(1, now, slack=1.0, pending=5)
+    assert p.pick([s], now, talker_busy=True) is None  # buffer full: a talker step
+    s.pending = 13
+    later = now + 0.7  # slack 0.3 < buffer_s: due once its chunk (16 after the ramp) is pending
+    assert p.pick([s], later, talker_busy=True) is None
+    s.pending = 20
+    b = p.pick([s], later, talker_busy=True)
+    assert b.reason == "due" and b.frames == 16  # at most chunk_frames; 4 stay pending
+    s.pending = 13
+    b = p.pick([s], now + 0.95, talker_busy=True)  # slack 0.05: critical, takes what there is
+    assert b.reason == "critical" and b.frames == 8  # buckets 1,2,4,8,16: 13 -> 8
+
+
+def test_due_waits_for_its_ramp_size_unless_critical():
+    p, now = policy(), 2.0
+    s = playing(1, now, slack=0.3, pending=2, chunks=1)  # next chunk size: ramp[0] = 4
+    assert p.pick([s], now, talker_busy=True) is None
+    s.pending = 4
+    assert p.pick([s], now, talker_busy=True).frames == 4
+    c = playing(2, now, slack=0.05, pending=2, chunks=1)
+    p2 = policy()
+    assert p2.pick([c], now, talker_busy=True).reason == "critical"
+
+
+def test_talker_step_between_two_non_critical_decodes():
+    p, now = policy(), 3.0
+    a = playing(1, now, slack=0.3, pending=16)
+    b = playing(2, now, slack=0.35, pending=8)  # due at 16 frames (its ramp is over)
+    first = p.pick([a, b], now, talker_busy=True)
+    assert first.sids == (1,) and first.frames == 16
+    b.pending = 16
+    a.pending = 0
+    assert p.pick([a, b], now, talker_busy=True) is None  # the talker's turn
+    assert p.pick([a, b], now, talker_busy=True).sids == (2,)
+    # critical streams do not wait for the talker
+    c = playing(3, now, slack=0.01, pending=2)
+    assert p.pick([c], now, talker_busy=True).reason == "critical"
+    assert p.pick([c], now, talker_busy=True).reason == "critical"
+
+
+def test_idle_talker_flushes_everything_pending():
+    p, now = policy(), 4.0
+    s = playing(1, now, slack=2.0, pending=3)
+    assert p.pick([s], now, talker_busy=True) is None
+    b = p.pick([s], now, talker_busy=False)
+    assert b.reason == "idle" and b.frames == 2  # 3 -> bucket 2; the last frame next time
+
+
+def test_finished_talker_is_flushed_while_the_talker_runs():
+    p, now = policy(), 4.0
+    s = playing(1, now, slack=2.0, pending=3)
+    s.talker_done = True
+    assert p.pick([s], now, talker_busy=True).reason == "done"
+    first = StreamState(2, 0.0, pending=1, talker_done=True)
+    assert policy(first_chunk_frames=2).pick([first], now, talker_busy=True).frames == 1
+
+
+def test_talker_urgent_holds_back_all_but_first_and_critical():
+    p, now = policy(), 6.0
+    due = playing(1, now, slack=0.3, pending=16)
+    assert p.pick([due], now, talker_busy=True, talker_urgent=True) is None
+    crit = playing(2, now, slack=0.0, pending=1)
+    assert p.pick([due, crit], now, talker_busy=True, talker_urgent=True).sids == (2,)
+
+
+def test_batch_groups_equal_frame_counts_most_urgent_first_up_to_max_batch():
+    now = 7.0
+    streams = [
+        playing(1, now, slack=0.2, pending=8, chunks=2),  # due: its ramp size is 8
+        playing(2, now, slack=0.05, pending=8, chunks=2),  # critical
+        playing(3, now, slack=0.15, pending=16, chunks=2),  # due with 16: rides along with 8
+        playing(4, now, slack=0.3, pending=9, chunks=2),  # due: 9 -> 8
+        playing(5, now, slack=0.2, pending=16, chunks=5),  # its chunk is 16: not with 8
+    ]
+    b = policy(max_batch=2).pick(streams, now, talker_busy=True)
+    assert b.frames == 8 and b.sids == (2, 1)
+    assert policy(max_batch=8).pick(streams, now, talker_busy=True).sids == (2, 1, 4, 3)
+
+
+def test_settings_are_checked():
+    with pytest.raises(ValueError, match="first_chunk_frames"):
+        policy(first_chunk_frames=20)
+    with pytest.raises(ValueError, match="urgent_s"):
+        policy(urgent_s=0.5)
+    with pytest.raises(ValueError, match="frame_buckets must contain 1"):
+        policy(frame_buckets=(2, 4))
+    assert policy(frame_buckets=(1, 3)).fit(2) == 1
+    assert policy().fit(40) == 16 and policy().fit(0) == 0

@@ -1,0 +1,203 @@
+"""The fused pipeline on CPU (tiny random checkpoint, fp32, eager): the native engine with the
+stateful codec in its loop. Its audio equals the frames of a plain engine run decoded in one
+piece by the reference codec (greedy, concurrent streams of different lengths, a Base prefix);
+cancel and abort free the talker slot and the codec state; a request the engine refuses fails
+alone. The policy itself: tests/test_deadline.py; through tritonserver: test_system_fused.py."""
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+
+from triton_qwen3_tts.engines.base import EngineError, TalkerRequest
+from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig
+from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
+from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder
+from triton_qwen3_tts.serving.codec.stateful import StatePool
+from triton_qwen3_tts.serving.talker.deadline import DeadlinePolicy
+from triton_qwen3_tts.serving.talker.fused import FusedPipeline, frame_buckets
+
+SPF = 1920
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def loop():
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+def _cfg():
+    return NativeEngineConfig(
+        max_num_seqs=4,
+        max_model_len=96,
+        device="cpu",
+        dtype="float32",
+        cuda_graphs=False,
+        batch_buckets=(1, 2, 4),
+        ctx_buckets=(32, 64, 96),
+        max_trailing_tokens=16,
+    )
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_checkpoint):
+    dec, _ = load_codec_decoder(str(tiny_checkpoint), "cpu", torch.float32)
+    return dec
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_checkpoint, loop):
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg()))
+    yield eng
+    eng.shutdown()
+
+
+def _pipe(tiny_checkpoint, loop, decoder, slots=8, **policy):
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg()))
+    sd = StatefulCodecDecoder(decoder).eval()
+    kw = dict(first_chunk_frames=1, ramp=(2, 4), chunk_frames=8, buffer_s=0.4, urgent_s=0.1, max_batch=4)
+    kw.update(policy)
+    kw["frame_buckets"] = frame_buckets(kw["first_chunk_frames"], kw["ramp"], kw["chunk_frames"])
+    return FusedPipeline(eng, sd, StatePool(sd, slots, "cpu", torch.float32, idle_timeout_s=0), DeadlinePolicy(**kw))
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_checkpoint, loop, decoder):
+    p = _pipe(tiny_checkpoint, loop, decoder)
+    yield p
+    p.shutdown()
+
+
+def _req(rid, d, frames, seed):
+    g = torch.Generator().manual_seed(seed)
+    return TalkerRequest(
+        request_id=rid,
+        prompt_embeds=torch.randn(6, d, generator=g) * 0.05,
+        trailing=torch.randn(3, d, generator=g) * 0.05,
+        max_frames=frames,
+        greedy=True,
+        suppress_eos=True,
+    )
+
+
+async def _frames(engine, req):
+    out = [f async for f in engine.synthesize(req)]
+    return np.concatenate(out) if out else np.zeros((0, 16), np.int32)
+
+
+async def _audio(pipe, req, prefix=None, stop_after=None):
+    chunks = []
+    async for a in pipe.synthesize(req, prefix=prefix):
+        chunks.append(a)
+        if stop_after is not None and len(chunks) >= stop_after:
+            break
+    return chunks
+
+
+def _decode(decoder, codes):
+    with torch.inference_mode():
+        return decoder(torch.as_tensor(codes, dtype=torch.long).T[None]).reshape(-1).float().numpy()
+
+
+def test_fused_audio_equals_frames_decoded_whole(pipe, plain, decoder, loop):
+    d = plain.hidden
+    lengths = [3, 11, 17, 6, 9]  # more streams than talker slots: some wait for a slot
+    reqs = [lambda i=i, n=n: _req(f"r{i}", d, n, 100 + i) for i, n in enumerate(lengths)]
+
+    async def both():
+        frames = await asyncio.gather(*[_frames(plain, r()) for r in reqs])
+        audio = await asyncio.gather(*[_audio(pipe, r()) for r in reqs])
+        return frames, audio
+
+    frames, audio = loop.run_until_complete(both())
+    for n, f, chunks in zip(lengths, frames, audio):
+        assert f.shape == (n, 16)
+        assert all(c.dtype == np.float32 and c.size % SPF == 0 and c.size for c in chunks)
+        assert chunks[0].size == SPF  # first chunk: first_chunk_frames
+        got = np.concatenate(chunks)
+        want = _decode(decoder, f)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+    st = pipe.fused_stats
+    assert st.chunks >= len(lengths) and st.codec_calls <= st.chunks
+    _settle(pipe, loop)
+    assert pipe.pool.live == 0 and pipe.engine.stats()["active"] == 0
+
+
+def test_prefix_primes_codec_state(pipe, plain, decoder, loop):
+    d = plain.hidden
+    prefix = np.random.default_rng(0).integers(0, 2048, size=(5, 16))
+    f = loop.run_until_complete(_frames(plain, _req("p0", d, 7, 7)))
+    got = np.concatenate(loop.run_until_complete(_audio(pipe, _req("p1", d, 7, 7), prefix=prefix)))
+    want = _decode(decoder, np.concatenate([prefix, f]))[5 * SPF :]
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=0)
+
+
+def _settle(pipe, loop):
+    """Let the engine loop apply the last close commands (they run in its next iteration)."""
+
+    async def settle():
+        for _ in range(500):
+            if pipe.engine.stats()["active"] == 0 and pipe.pool.live == 0:
+                return
+            await asyncio.sleep(0.01)
+
+    loop.run_until_complete(settle())
+
+
+def test_consumer_leaving_frees_talker_and_codec_state(pipe, loop):
+    d = pipe.engine.hidden
+    chunks = loop.run_until_complete(_audio(pipe, _req("c0", d, 60, 1), stop_after=1))
+    assert len(chunks) == 1
+    _settle(pipe, loop)
+    assert pipe.engine.stats()["active"] == 0 and pipe.engine.stats()["tracked"] == 0
+    assert pipe.pool.live == 0
+
+
+def test_refused_request_fails_alone(pipe, loop):
+    d = pipe.engine.hidden
+    bad = _req("bad", d, 5, 2)
+    bad.top_k = 0
+
+    async def run():
+        ok = asyncio.ensure_future(_audio(pipe, _req("ok", d, 5, 3)))
+        with pytest.raises(EngineError, match="top_k"):
+            await _audio(pipe, bad)
+        return await ok
+
+    assert sum(c.size for c in loop.run_until_complete(run())) == 5 * SPF
+    _settle(pipe, loop)
+    assert pipe.pool.live == 0
+
+
+def test_codec_state_capacity_is_unavailable(tiny_checkpoint, loop, decoder):
+    from triton_qwen3_tts.serving.codec.stateful import StateCapacityError
+
+    p = _pipe(tiny_checkpoint, loop, decoder, slots=1)
+    try:
+        d = p.engine.hidden
+
+        async def run():
+            return await asyncio.gather(
+                _audio(p, _req("a", d, 6, 1)), _audio(p, _req("b", d, 6, 2)), return_exceptions=True
+            )
+
+        res = loop.run_until_complete(run())
+        errs = [r for r in res if isinstance(r, BaseException)]
+        assert len(errs) == 1 and isinstance(errs[0], StateCapacityError)
+        ok = [r for r in res if not isinstance(r, BaseException)]
+        assert sum(c.size for c in ok[0]) == 6 * SPF
+        _settle(p, loop)
+        assert p.pool.live == 0
+    finally:
+        p.shutdown()

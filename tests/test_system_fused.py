@@ -1,0 +1,100 @@
+"""The fused pipeline through the real tritonserver (CPU, eager, tiny random checkpoint):
+`pipeline: fused` with the native engine, so the repository has no codec model and the talker
+streams audio that the tts forwards.
+
+Concurrent greedy streams of different lengths each equal the reference's frames decoded in one
+piece (within 1e-4), as the split pipeline's stateful codec does (test_stateful_serving.py); a
+cancelled stream frees its talker request; a bad input is INVALID_ARG naming its field and does
+not disturb the others; the fused metrics are exported.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+from system_support import make_reference, metric, server_state, start_tts_server, synth, wait_idle
+
+pytestmark = pytest.mark.system
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint, tmp_path_factory):
+    srv = start_tts_server(
+        tiny_checkpoint,
+        tmp_path_factory.mktemp("tts_fused"),
+        engine="native",
+        pipeline="fused",
+        first_chunk_frames=1,
+        chunk_ramp="2,4",
+        chunk_frames=8,
+    )
+    yield srv
+    srv.stop()
+
+
+def test_repository_has_no_codec_model(server):
+    import os
+
+    repo = os.path.join(os.path.dirname(server.log_path), "repo")  # start_tts_server's layout
+    assert sorted(os.listdir(repo)) == ["build.json", "talker", "tts"]
+
+
+def test_concurrent_greedy_streams_equal_whole_decode(server, tiny_checkpoint):
+    ref = make_reference(tiny_checkpoint)
+    cases = [("A fused stream.", 24), ("Another one, shorter.", 9), ("And a third of middling length.", 16)]
+    results, errors = {}, []
+
+    def run(i, text, frames):
+        try:
+            results[i] = synth(server, text=text, speaker="aiden", temperature=0.0, max_frames=frames)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i, t, f)) for i, (t, f) in enumerate(cases)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, (errors, server_state(server))
+    for i, (text, frames) in enumerate(cases):
+        codes, whole = ref(text, frames=frames)
+        r = results[i]
+        assert r.audio.shape == whole.shape, (text, r.audio.shape, whole.shape)
+        np.testing.assert_allclose(r.audio, whole, atol=1e-4, rtol=0)
+        sizes = [n // 1920 for _, n in r.chunks if n]
+        assert sizes[0] == 1  # first_chunk_frames
+    assert metric(server, "qwen3_tts_fused_codec_batch_size_count") >= 3
+
+
+def test_cancel_frees_the_talker_request(server):
+    from triton_qwen3_tts.tools.client import StreamingClient, build_inputs
+
+    aborted0 = metric(server, "qwen3_tts_talker_aborted_total")
+    c = StreamingClient(server.grpc_url)
+    try:
+        rid = c.send(build_inputs(text="A long one to cancel.", speaker="aiden", max_frames=400, ignore_eos=True))
+        result, error, _ = c.queues[rid].get(timeout=120)
+        assert error is None and result.as_numpy("audio").size > 0
+    finally:
+        c.close(cancel=True)
+    wait_idle(server)
+    import time
+
+    deadline = time.time() + 60
+    while metric(server, "qwen3_tts_talker_aborted_total") <= aborted0:
+        assert time.time() < deadline, server_state(server)
+        time.sleep(0.2)
+    # the server serves on
+    r = synth(server, text="Still here.", speaker="aiden", temperature=0.0, max_frames=5)
+    assert r.audio.size == 5 * 1920
+
+
+def test_bad_input_is_invalid_arg_and_others_go_on(server):
+    from triton_qwen3_tts.tools.client import TtsError
+
+    with pytest.raises(TtsError, match=r"INVALID_ARG.*speaker"):
+        synth(server, text="Who?", speaker="nobody-here", max_frames=5)
+    with pytest.raises(TtsError, match=r"INVALID_ARG.*top_k"):
+        synth(server, text="Too many.", speaker="aiden", top_k=100000, max_frames=5)
+    r = synth(server, text="Fine.", speaker="aiden", temperature=0.0, max_frames=6)
+    assert r.audio.size == 6 * 1920

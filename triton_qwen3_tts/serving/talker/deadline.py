@@ -1,0 +1,176 @@
+"""The fused pipeline's choice, each scheduler iteration: a talker step, or which codec batch.
+
+Pure logic (no torch, no Triton), driven by :mod:`triton_qwen3_tts.serving.talker.fused` and
+unit-tested with a fake clock (tests/test_deadline.py).
+
+Every stream has a **playback deadline**. Its client starts playing when the first chunk arrives
+and plays at real time (24 kHz, 80 ms per frame), so at time ``now`` its buffer holds::
+
+    slack = t_first_chunk + delivered_frames * 0.08 - now      (seconds; < 0: an underrun)
+
+:meth:`DeadlinePolicy.pick` looks at the frames each stream has generated but not yet decoded
+(``pending``) and answers with a :class:`CodecBatch` (decode ``frames`` frames of each listed
+stream, in one call) or None (run a talker step, or nothing when the talker is idle too):
+
+1. **First chunks first.** A stream that has sent nothing and has its first chunk's frames
+   (``first_chunk_frames``; fewer when the talker is done with it) is decoded before anything else.
+2. **Critical.** A stream whose slack is below ``urgent_s`` is decoded now with whatever is pending.
+3. **Due.** A stream whose slack is below ``buffer_s`` is decoded once it has at least its next
+   chunk size pending (the chunk schedule's ramp: small chunks while the buffer is short, up to
+   ``chunk_frames``), but never twice in a row without a talker step between (unless critical),
+   so decoding ahead never starves generation.
+4. **Finished talkers** (``talker_done``) are flushed like due streams: their request ends only
+   when their last audio is out.
+5. **Idle talker.** When no talker step is pending anyway, everything pending is decoded.
+
+A stream whose buffer is full (slack at least ``buffer_s``) waits: its frames pile up and go out
+later in one larger chunk. A decode takes at most ``chunk_frames`` frames per stream, rounded
+down to one of ``frame_buckets`` (the codec's CUDA-graph sizes; the rest stays pending). The
+batch is the most urgent stream's group: the ready streams that decode the same number of frames,
+most urgent first, then (filling the batch) other streams below ``buffer_s`` that have at least
+that many frames pending and for which it is no smaller than their next chunk size, least slack
+first; at most ``max_batch`` streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence, Tuple
+
+FRAME_SECONDS = 1920 / 24000  # one frame = 80 ms of audio
+
+
+@dataclass
+class StreamState:
+    """What the policy knows of one stream (the fused pipeline updates it)."""
+
+    sid: int
+    t_submit: float
+    pending: int = 0  # frames generated, not decoded
+    talker_done: bool = False  # the talker will send no more frames
+    delivered: int = 0  # frames decoded and handed out
+    chunks: int = 0  # audio chunks handed out
+    t_first: Optional[float] = None  # when the first chunk was handed out (playback starts)
+    t_ready: Optional[float] = None  # when it first became a decode candidate (scheduling lag)
+
+    def slack(self, now: float) -> Optional[float]:
+        """Seconds of audio the client holds ahead of playback (None before the first chunk)."""
+        if self.t_first is None:
+            return None
+        return self.t_first + self.delivered * FRAME_SECONDS - now
+
+    @property
+    def finished(self) -> bool:
+        return self.talker_done and self.pending == 0
+
+
+@dataclass(frozen=True)
+class CodecBatch:
+    frames: int  # new frames per stream (the same for all: one codec call)
+    sids: Tuple[int, ...]
+    reason: str  # "first" | "critical" | "due" | "done" | "idle" (of the most urgent stream)
+
+
+@dataclass
+class DeadlinePolicy:
+    first_chunk_frames: int = 1
+    ramp: Tuple[int, ...] = (4, 8, 16)
+    chunk_frames: int = 50
+    buffer_s: float = 0.4
+    urgent_s: float = 0.15
+    max_batch: int = 64
+    frame_buckets: Tuple[int, ...] = ()  # () = any frame count
+    _last_was_codec: bool = field(default=False, repr=False)
+
+    def __post_init__(self):
+        for name in ("first_chunk_frames", "chunk_frames", "max_batch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if self.first_chunk_frames > self.chunk_frames:
+            raise ValueError(f"first_chunk_frames ({self.first_chunk_frames}) must be <= chunk_frames")
+        if not 0 <= self.urgent_s <= self.buffer_s:
+            raise ValueError(f"need 0 <= urgent_s <= buffer_s, got {self.urgent_s}, {self.buffer_s}")
+        fb = tuple(sorted(set(int(b) for b in self.frame_buckets)))
+        if fb and fb[0] != 1:
+            raise ValueError(f"frame_buckets must contain 1 (every pending count can then be decoded), got {fb}")
+        self.frame_buckets = fb
+
+    # -- sizes ---------------------------------------------------------------------------------
+    def chunk_size(self, k: int) -> int:
+        """The k-th chunk's target size (0: the first chunk)."""
+        if k == 0:
+            return self.first_chunk_frames
+        if k - 1 < len(self.ramp):
+            return min(self.ramp[k - 1], self.chunk_frames)
+        return self.chunk_frames
+
+    def fit(self, n: int) -> int:
+        """``n`` frames rounded down to a frame bucket, at most ``chunk_frames`` (0 for n < 1)."""
+        n = min(n, self.chunk_frames)
+        if n < 1:
+            return 0
+        if not self.frame_buckets:
+            return n
+        return max(b for b in self.frame_buckets if b <= n)
+
+    # -- the choice ------------------------------------------------------------------------------
+    def candidates(self, streams: Iterable[StreamState], now: float, talker_busy: bool):
+        """``(key, reason, frames, stream)`` of every stream that may be decoded now; a lower key
+        is more urgent."""
+        out = []
+        for s in streams:
+            if s.pending < 1:
+                continue
+            if s.chunks == 0:
+                if s.pending >= self.first_chunk_frames or s.talker_done:
+                    out.append(((0, s.t_submit), "first", self.fit(min(s.pending, self.first_chunk_frames)), s))
+                continue
+            slack = s.slack(now)
+            if slack < self.urgent_s:
+                out.append(((1, slack), "critical", self.fit(s.pending), s))
+            elif s.talker_done:
+                out.append(((2, slack), "done", self.fit(s.pending), s))
+            elif slack < self.buffer_s and s.pending >= self.fit(self.chunk_size(s.chunks)):
+                out.append(((2, slack), "due", self.fit(s.pending), s))
+            elif not talker_busy:
+                out.append(((3, slack), "idle", self.fit(s.pending), s))
+        out.sort(key=lambda c: c[0])
+        return out
+
+    def pick(
+        self, streams: Sequence[StreamState], now: float, talker_busy: bool, talker_urgent: bool = False
+    ) -> Optional[CodecBatch]:
+        """The codec batch to run now, or None (a talker step, or nothing). ``talker_busy``: the
+        talker has rows to step; ``talker_urgent``: one of them has not reached its first chunk
+        yet (then only first chunks and critical streams are decoded before the step)."""
+        cands = self.candidates(streams, now, talker_busy)
+        for _, _, _, s in cands:
+            if s.t_ready is None:
+                s.t_ready = now
+        if not cands:
+            self._last_was_codec = False
+            return None
+        key, reason, frames, _ = cands[0]
+        if talker_urgent and reason not in ("first", "critical"):
+            self._last_was_codec = False
+            return None
+        if talker_busy and self._last_was_codec and reason in ("due", "done"):
+            self._last_was_codec = False  # a talker step between two non-critical decodes
+            return None
+        group = [c[3] for c in cands if c[2] == frames][: self.max_batch]
+        if reason != "first" and len(group) < self.max_batch:
+            # ride-alongs: streams below their buffer target that have this many frames anyway
+            taken = {s.sid for s in group}
+            extra = [
+                s
+                for s in streams
+                if s.sid not in taken
+                and s.t_first is not None
+                and s.slack(now) < self.buffer_s
+                and self.fit(s.pending) >= frames >= self.fit(self.chunk_size(s.chunks))
+            ]
+            extra.sort(key=lambda s: s.slack(now))
+            group += extra[: self.max_batch - len(group)]
+        self._last_was_codec = True
+        return CodecBatch(frames, tuple(s.sid for s in group), reason)

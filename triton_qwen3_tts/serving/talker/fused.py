@@ -1,0 +1,341 @@
+"""The fused pipeline: the native talker engine decodes audio too, in one scheduler loop.
+
+:class:`FusedPipeline` is the native engine's co-worker (``NativeEngine.cowork``, see
+``engines/native/engine.py``): the engine's loop asks it, each iteration, whether to run a
+batched stateful-codec call instead of a talker step, and :class:`DeadlinePolicy`
+(``serving/talker/deadline.py``) answers by playback deadline. Talker and codec share one process,
+one CUDA context and one stream, so their kernels never time-slice against each other, and the
+codec state of every stream stays in a :class:`StatePool` on the device (the resident-state code
+of ``codec_decoder_stateful``: ``serving/codec/stateful.py``).
+
+Interface, like the engines' (``TalkerService`` takes it as its engine)::
+
+    pipe = FusedPipeline(engine, codec, pool, policy)
+    async for audio in pipe.synthesize(TalkerRequest(...), prefix=ref_codes):   # float32 [n]
+        ...
+    await pipe.abort(request_id); pipe.stats(); pipe.shutdown()
+
+``prefix`` (Base in-context voice cloning: the reference codes ``[P, 16]``) primes the stream's
+codec state before its first frame; its audio is never sent (as the official wrapper decodes
+``concat(ref_codes, generated)`` and drops the reference's samples).
+
+Threads: ``synthesize`` runs on the event loop; ``run`` and ``on_events`` on the engine's worker
+thread. The loop side only appends commands to ``_cmds`` and the worker side only appends results
+to ``_out`` (deques: thread-safe appends and pops); the stream table belongs to the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Deque, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from triton_qwen3_tts.serving.codec.stateful import (
+    ResidentRequest,
+    StateCapacityError,
+    run_resident_batch,
+    to_device_async,
+)
+from triton_qwen3_tts.serving.talker.deadline import FRAME_SECONDS, DeadlinePolicy, StreamState
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+# Histogram bounds (seconds) of the slack at each chunk sent and of the scheduling lag
+SLACK_BUCKETS = (-0.5, -0.1, 0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
+LAG_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+@dataclass
+class Histogram:
+    """Cumulative-style counts for fixed upper bounds (Prometheus ``le`` buckets) plus +Inf."""
+
+    bounds: Sequence[float]
+    counts: List[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self):
+        self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, v: float) -> None:
+        self.n += 1
+        self.total += v
+        for i, b in enumerate(self.bounds):
+            if v <= b:
+                self.counts[i] += 1
+                return
+        self.counts[-1] += 1
+
+
+@dataclass
+class FusedStats:
+    codec_calls: int = 0
+    codec_rows: int = 0
+    codec_frames: int = 0
+    chunks: int = 0
+    misses: int = 0  # chunks sent after the client's buffer ran dry (server-side underruns)
+    slack: Histogram = field(default_factory=lambda: Histogram(SLACK_BUCKETS))
+    lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
+    batch: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
+    reasons: Dict[str, int] = field(default_factory=dict)
+    # (name, value) of every observation not yet exported ("slack", "lag", "batch"); the Triton
+    # adapter drains it into its histograms (serving/talker/triton.py)
+    unexported: Deque[tuple] = field(default_factory=deque)
+
+    def observe(self, name: str, value: float) -> None:
+        getattr(self, name).observe(value)
+        if len(self.unexported) < 100000:  # bounded if nobody exports
+            self.unexported.append((name, value))
+
+
+@dataclass(eq=False)
+class _Stream:
+    rid: str
+    state: StreamState
+    frames: List[np.ndarray] = field(default_factory=list)  # pending frames, [n, 16] each
+    ended: bool = False  # its last item (audio end or an error) is out
+
+    def take(self, n: int) -> np.ndarray:
+        """The first ``n`` pending frames ``[n, 16]`` (removed)."""
+        codes = np.concatenate(self.frames) if len(self.frames) > 1 else self.frames[0]
+        rest = codes[n:]
+        self.frames = [rest] if rest.shape[0] else []
+        self.state.pending -= n
+        return codes[:n]
+
+
+class FusedPipeline:
+    fused = True  # TalkerService: synthesize yields audio and takes ``prefix``
+
+    def __init__(
+        self,
+        engine,
+        codec,
+        pool,
+        policy: DeadlinePolicy,
+        clock: Callable[[], float] = time.monotonic,
+        prime_frames: int = 50,
+    ):
+        """``engine``: a started NativeEngine (it gets this object as its co-worker);
+        ``codec``: a StatefulCodecDecoder or StatefulGraphRunner (``step(codes, state)``);
+        ``pool``: the StatePool holding every stream's codec state; ``prime_frames``: frames per
+        codec call when a prefix primes a stream."""
+        self.engine = engine
+        self.codec = codec
+        self.pool = pool
+        self.policy = policy
+        self.clock = clock
+        self.prime_frames = int(prime_frames)
+        self.device = pool.buf.device
+        self._cmds: Deque[tuple] = deque()
+        self._out: Deque[tuple] = deque()
+        self._streams: Dict[str, _Stream] = {}  # worker-owned
+        self._by_sid: Dict[int, _Stream] = {}
+        self._queues: Dict[str, asyncio.Queue] = {}  # loop-owned
+        self._sids = itertools.count(1)
+        self.fused_stats = FusedStats()
+        engine.cowork = self
+
+    # -- the engine-like interface (event loop) -----------------------------------------------
+    @property
+    def model(self):
+        return self.engine.model
+
+    def check_request(self, req):
+        return self.engine.check_request(req)
+
+    async def synthesize(self, req, prefix: Optional[np.ndarray] = None):
+        """Yield the request's audio, float32 ``[n]`` per chunk, in order; ends after the last."""
+        self.engine.check_request(req)  # EngineError before anything is scheduled
+        rid = req.request_id
+        if rid in self._queues:
+            from triton_qwen3_tts.engines.base import EngineError
+
+            raise EngineError(f"request_id {rid!r} is already in flight")
+        q: asyncio.Queue = asyncio.Queue()
+        self._queues[rid] = q
+        pre = None if prefix is None else np.asarray(prefix, np.int64).reshape(-1, 16)
+        self._cmds.append(("open", rid, pre, self.clock()))
+        drain = asyncio.ensure_future(self._drain(self.engine.synthesize(req), q))
+        try:
+            while True:
+                item = await q.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self._queues.pop(rid, None)
+            if not drain.done():
+                drain.cancel()  # the engine generator's clean-up aborts the talker request
+                await asyncio.gather(drain, return_exceptions=True)
+            self._cmds.append(("close", rid))
+            self.engine.wake()
+
+    @staticmethod
+    async def _drain(frames, q: asyncio.Queue) -> None:
+        """Run the talker request (its frames reach us through ``on_events``); report failures."""
+        try:
+            async for _ in frames:
+                pass
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the consumer re-raises it
+            q.put_nowait(e)
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    def stats(self) -> dict:
+        st = self.fused_stats
+        return {
+            **self.engine.stats(),
+            "codec_states": self.pool.live,
+            "codec_calls": st.codec_calls,
+            "chunks": st.chunks,
+            "deadline_misses": st.misses,
+        }
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    # -- co-worker: event loop side ----------------------------------------------------------
+    def has_work(self) -> bool:
+        return bool(self._cmds or self._out) or any(
+            not s.ended and (s.state.pending > 0 or s.state.talker_done) for s in self._streams.values()
+        )
+
+    def dispatch(self) -> None:
+        while self._out:
+            rid, item = self._out.popleft()
+            q = self._queues.get(rid)
+            if q is not None:
+                q.put_nowait(item)
+
+    # -- co-worker: worker thread side --------------------------------------------------------
+    def _apply_commands(self) -> None:
+        while self._cmds:
+            cmd = self._cmds.popleft()
+            if cmd[0] == "open":
+                _, rid, prefix, t = cmd
+                st = _Stream(rid, StreamState(next(self._sids), t))
+                self._streams[rid] = st
+                self._by_sid[st.state.sid] = st
+                try:
+                    self.pool.open(st.state.sid)
+                    if prefix is not None and prefix.shape[0]:
+                        self._prime(st, prefix)
+                except Exception as e:  # noqa: BLE001 - StateCapacityError (UNAVAILABLE) or a decode failure
+                    self._fail(st, e if isinstance(e, StateCapacityError) else RuntimeError(f"codec priming: {e}"))
+            else:
+                st = self._streams.pop(cmd[1], None)
+                if st is not None:
+                    self._by_sid.pop(st.state.sid, None)
+                    self.pool.release(st.state.sid)
+
+    def _prime(self, st: _Stream, prefix: np.ndarray) -> None:
+        import torch
+
+        for i in range(0, prefix.shape[0], self.prime_frames):
+            piece = torch.from_numpy(np.ascontiguousarray(prefix[i : i + self.prime_frames]))[None]
+            (res,) = run_resident_batch(
+                [ResidentRequest(st.state.sid, to_device_async(piece, self.device), False, False)],
+                self.pool,
+                self.codec,
+            )
+            if isinstance(res, BaseException):
+                raise res
+
+    def _fail(self, st: _Stream, err: BaseException) -> None:
+        if not st.ended:
+            st.ended = True
+            st.frames, st.state.pending = [], 0
+            self._out.append((st.rid, err))
+
+    def run(self, talker_busy: bool) -> bool:
+        """One codec batch if the policy wants one now (True), else False (a talker step)."""
+        self._apply_commands()
+        live = [s.state for s in self._streams.values() if not s.ended]
+        urgent = any(s.chunks == 0 and not s.talker_done and s.pending < self.policy.first_chunk_frames for s in live)
+        now = self.clock()
+        batch = self.policy.pick(live, now, talker_busy, urgent)
+        if batch is None:
+            return False
+        import torch
+
+        streams = [self._by_sid[sid] for sid in batch.sids]
+        reqs = []
+        for st in streams:
+            codes = torch.from_numpy(np.ascontiguousarray(st.take(batch.frames), dtype=np.int64))[None]
+            reqs.append(ResidentRequest(st.state.sid, to_device_async(codes, self.device), False, False))
+        results = run_resident_batch(reqs, self.pool, self.codec)
+        now = self.clock()
+        stats = self.fused_stats
+        stats.codec_calls += 1
+        stats.codec_rows += len(reqs)
+        stats.codec_frames += len(reqs) * batch.frames
+        stats.observe("batch", len(reqs))
+        stats.reasons[batch.reason] = stats.reasons.get(batch.reason, 0) + 1
+        for st, res in zip(streams, results):
+            if isinstance(res, BaseException):
+                self._fail(st, res)
+                continue
+            s = st.state
+            if s.t_ready is not None:
+                stats.observe("lag", now - s.t_ready)
+                s.t_ready = None
+            slack = s.slack(now)
+            if slack is not None:
+                stats.observe("slack", slack)
+                if slack < 0:
+                    stats.misses += 1
+            if s.t_first is None:
+                s.t_first = now
+            s.delivered += batch.frames
+            s.chunks += 1
+            stats.chunks += 1
+            self._out.append((st.rid, res.numpy()))
+        self._end_finished()
+        return True
+
+    def on_events(self, events) -> None:
+        for rid, frames, finished in events:
+            st = self._streams.get(rid)
+            if st is None or st.ended:
+                continue
+            if frames is not None:
+                st.frames.append(np.asarray(frames))
+                st.state.pending += int(frames.shape[0])
+            if finished:
+                st.state.talker_done = True
+        self._end_finished()
+
+    def _end_finished(self) -> None:
+        for st in list(self._streams.values()):
+            if st.state.finished and not st.ended:
+                st.ended = True
+                self._out.append((st.rid, _END))
+
+
+def frame_buckets(first_chunk_frames: int, ramp: Sequence[int], chunk_frames: int) -> tuple:
+    """The codec's CUDA-graph frame counts for the fused pipeline: powers of two up to
+    ``chunk_frames`` plus the chunk schedule's sizes (every pending count rounds down to one)."""
+    vals = {1, first_chunk_frames, chunk_frames, *ramp}
+    b = 2
+    while b < chunk_frames:
+        vals.add(b)
+        b *= 2
+    return tuple(sorted(v for v in vals if 1 <= v <= chunk_frames))
+
+
+__all__ = ["FusedPipeline", "FusedStats", "Histogram", "frame_buckets", "FRAME_SECONDS"]
