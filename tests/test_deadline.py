@@ -44,7 +44,7 @@ def test_slack_is_audio_delivered_minus_time_played():
 def test_first_chunks_go_first_in_arrival_order():
     p, now = policy(), 5.0
     streams = [
-        playing(1, now, slack=0.05, pending=4),  # critical, but a first chunk still goes first
+        playing(1, now, slack=0.05, pending=16),  # critical, but a first chunk still goes first
         StreamState(2, t_submit=4.9, pending=1),
         StreamState(3, t_submit=4.8, pending=2),
         StreamState(4, t_submit=4.7, pending=0),  # no frame yet: nothing to decode
@@ -54,7 +54,7 @@ def test_first_chunks_go_first_in_arrival_order():
     streams[1].chunks = streams[2].chunks = 1
     streams[1].pending = streams[2].pending = 0
     b = p.pick(streams, now, talker_busy=True)
-    assert b.reason == "critical" and b.sids == (1,) and b.frames == 4
+    assert b.reason == "critical" and b.sids == (1,) and b.frames == 16
 
 
 def test_full_buffer_waits_and_its_chunk_grows():
@@ -67,20 +67,17 @@ def test_full_buffer_waits_and_its_chunk_grows():
     s.pending = 20
     b = p.pick([s], later, talker_busy=True)
     assert b.reason == "due" and b.frames == 16  # at most chunk_frames; 4 stay pending
-    s.pending = 13
-    b = p.pick([s], now + 0.95, talker_busy=True)  # slack 0.05: critical, takes what there is
-    assert b.reason == "critical" and b.frames == 8  # buckets 1,2,4,8,16: 13 -> 8
 
 
-def test_due_waits_for_its_ramp_size_unless_critical():
+def test_due_and_critical_wait_for_their_ramp_size():
     p, now = policy(), 2.0
     s = playing(1, now, slack=0.3, pending=2, chunks=1)  # next chunk size: ramp[0] = 4
     assert p.pick([s], now, talker_busy=True) is None
     s.pending = 4
     assert p.pick([s], now, talker_busy=True).frames == 4
-    c = playing(2, now, slack=0.05, pending=2, chunks=1)
-    p2 = policy()
-    assert p2.pick([c], now, talker_busy=True).reason == "critical"
+    c = playing(2, now, slack=0.05, pending=5, chunks=1)
+    b = policy().pick([c], now, talker_busy=True)
+    assert b.reason == "critical" and b.frames == 4  # 5 -> bucket 4
 
 
 def test_talker_step_between_two_non_critical_decodes():
@@ -94,7 +91,7 @@ def test_talker_step_between_two_non_critical_decodes():
     assert p.pick([a, b], now, talker_busy=True) is None  # the talker's turn
     assert p.pick([a, b], now, talker_busy=True).sids == (2,)
     # critical streams do not wait for the talker
-    c = playing(3, now, slack=0.01, pending=2)
+    c = playing(3, now, slack=0.01, pending=32)
     assert p.pick([c], now, talker_busy=True).reason == "critical"
     assert p.pick([c], now, talker_busy=True).reason == "critical"
 
@@ -116,12 +113,17 @@ def test_finished_talker_is_flushed_while_the_talker_runs():
     assert policy(first_chunk_frames=2).pick([first], now, talker_busy=True).frames == 1
 
 
-def test_talker_urgent_holds_back_all_but_first_and_critical():
+def test_a_stream_behind_decodes_full_chunks_not_tiny_ones():
+    """Critical, but its next chunk (8 frames after two chunks) is not pending yet: it waits for
+    the talker rather than costing a codec call per frame."""
     p, now = policy(), 6.0
-    due = playing(1, now, slack=0.3, pending=16)
-    assert p.pick([due], now, talker_busy=True, talker_urgent=True) is None
-    crit = playing(2, now, slack=0.0, pending=1)
-    assert p.pick([due, crit], now, talker_busy=True, talker_urgent=True).sids == (2,)
+    s = playing(1, now, slack=-0.2, pending=3, chunks=2)
+    assert p.pick([s], now, talker_busy=True) is None
+    s.pending = 8
+    b = p.pick([s], now, talker_busy=True)
+    assert b.reason == "critical" and b.frames == 8
+    s.pending, s.talker_done = 3, True  # the talker is done: the rest goes out
+    assert p.pick([s], now, talker_busy=True).frames == 2
 
 
 def test_batch_groups_equal_frame_counts_most_urgent_first_up_to_max_batch():

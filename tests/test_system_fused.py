@@ -9,6 +9,7 @@ not disturb the others; the fused metrics are exported.
 """
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -63,7 +64,10 @@ def test_concurrent_greedy_streams_equal_whole_decode(server, tiny_checkpoint):
         np.testing.assert_allclose(r.audio, whole, atol=1e-4, rtol=0)
         sizes = [n // 1920 for _, n in r.chunks if n]
         assert sizes[0] == 1  # first_chunk_frames
-    assert metric(server, "qwen3_tts_fused_codec_batch_size_count") >= 3
+    deadline = time.time() + 10  # the talker exports its histograms once a second
+    while metric(server, "qwen3_tts_fused_codec_batch_size_count") < 3:
+        assert time.time() < deadline, "no fused codec batches in the metrics"
+        time.sleep(0.2)
 
 
 def test_cancel_frees_the_talker_request(server):
@@ -78,8 +82,6 @@ def test_cancel_frees_the_talker_request(server):
     finally:
         c.close(cancel=True)
     wait_idle(server)
-    import time
-
     deadline = time.time() + 60
     while metric(server, "qwen3_tts_talker_aborted_total") <= aborted0:
         assert time.time() < deadline, server_state(server)

@@ -14,22 +14,23 @@ stream, in one call) or None (run a talker step, or nothing when the talker is i
 
 1. **First chunks first.** A stream that has sent nothing and has its first chunk's frames
    (``first_chunk_frames``; fewer when the talker is done with it) is decoded before anything else.
-2. **Critical.** A stream whose slack is below ``urgent_s`` is decoded now with whatever is pending.
-3. **Due.** A stream whose slack is below ``buffer_s`` is decoded once it has at least its next
-   chunk size pending (the chunk schedule's ramp: small chunks while the buffer is short, up to
-   ``chunk_frames``), but never twice in a row without a talker step between (unless critical),
-   so decoding ahead never starves generation.
-4. **Finished talkers** (``talker_done``) are flushed like due streams: their request ends only
-   when their last audio is out.
+2. After that a stream is **ready** when its next chunk is pending: the chunk schedule's size
+   (``ramp``, then ``chunk_frames``: small chunks while its buffer is short, larger later), or
+   whatever is left once the talker is done with it. Chunks never shrink below the schedule: a
+   stream that falls behind decodes full chunks late rather than many tiny ones, each of which
+   costs a whole codec call (the small-chunk spiral that halves throughput under load).
+3. **Critical.** A ready stream whose slack is below ``urgent_s`` is decoded now.
+4. **Due.** A ready stream whose slack is below ``buffer_s``, or whose talker is done (its request
+   ends only when its last audio is out), is decoded, but never twice in a row without a talker
+   step between, so decoding ahead never starves generation.
 5. **Idle talker.** When no talker step is pending anyway, everything pending is decoded.
 
 A stream whose buffer is full (slack at least ``buffer_s``) waits: its frames pile up and go out
 later in one larger chunk. A decode takes at most ``chunk_frames`` frames per stream, rounded
 down to one of ``frame_buckets`` (the codec's CUDA-graph sizes; the rest stays pending). The
-batch is the most urgent stream's group: the ready streams that decode the same number of frames,
-most urgent first, then (filling the batch) other streams below ``buffer_s`` that have at least
-that many frames pending and for which it is no smaller than their next chunk size, least slack
-first; at most ``max_batch`` streams.
+batch is the most urgent stream's group: the candidates that decode the same number of frames,
+most urgent first, then (filling the batch) every other stream with a chunk of at least that size
+ready and no smaller than its schedule's next chunk, least slack first; at most ``max_batch``.
 """
 
 from __future__ import annotations
@@ -127,23 +128,22 @@ class DeadlinePolicy:
                     out.append(((0, s.t_submit), "first", self.fit(min(s.pending, self.first_chunk_frames)), s))
                 continue
             slack = s.slack(now)
-            if slack < self.urgent_s:
+            # ready: its next chunk (the ramp's size) is pending, or the talker is done with it
+            ready = s.pending >= self.fit(self.chunk_size(s.chunks)) or s.talker_done
+            if ready and slack < self.urgent_s:
                 out.append(((1, slack), "critical", self.fit(s.pending), s))
             elif s.talker_done:
                 out.append(((2, slack), "done", self.fit(s.pending), s))
-            elif slack < self.buffer_s and s.pending >= self.fit(self.chunk_size(s.chunks)):
+            elif ready and slack < self.buffer_s:
                 out.append(((2, slack), "due", self.fit(s.pending), s))
             elif not talker_busy:
                 out.append(((3, slack), "idle", self.fit(s.pending), s))
         out.sort(key=lambda c: c[0])
         return out
 
-    def pick(
-        self, streams: Sequence[StreamState], now: float, talker_busy: bool, talker_urgent: bool = False
-    ) -> Optional[CodecBatch]:
+    def pick(self, streams: Sequence[StreamState], now: float, talker_busy: bool) -> Optional[CodecBatch]:
         """The codec batch to run now, or None (a talker step, or nothing). ``talker_busy``: the
-        talker has rows to step; ``talker_urgent``: one of them has not reached its first chunk
-        yet (then only first chunks and critical streams are decoded before the step)."""
+        talker has rows to step."""
         cands = self.candidates(streams, now, talker_busy)
         for _, _, _, s in cands:
             if s.t_ready is None:
@@ -152,22 +152,19 @@ class DeadlinePolicy:
             self._last_was_codec = False
             return None
         key, reason, frames, _ = cands[0]
-        if talker_urgent and reason not in ("first", "critical"):
-            self._last_was_codec = False
-            return None
         if talker_busy and self._last_was_codec and reason in ("due", "done"):
             self._last_was_codec = False  # a talker step between two non-critical decodes
             return None
         group = [c[3] for c in cands if c[2] == frames][: self.max_batch]
         if reason != "first" and len(group) < self.max_batch:
-            # ride-alongs: streams below their buffer target that have this many frames anyway
+            # ride-alongs: streams that have a chunk of this size ready anyway (one batch decodes
+            # it cheaper than a later call of its own)
             taken = {s.sid for s in group}
             extra = [
                 s
                 for s in streams
                 if s.sid not in taken
                 and s.t_first is not None
-                and s.slack(now) < self.buffer_s
                 and self.fit(s.pending) >= frames >= self.fit(self.chunk_size(s.chunks))
             ]
             extra.sort(key=lambda s: s.slack(now))

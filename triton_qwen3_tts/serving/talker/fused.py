@@ -81,6 +81,7 @@ class FusedStats:
     codec_calls: int = 0
     codec_rows: int = 0
     codec_frames: int = 0
+    codec_seconds: float = 0.0  # wall time of the codec calls (each ends with a host sync)
     chunks: int = 0
     misses: int = 0  # chunks sent after the client's buffer ran dry (server-side underruns)
     slack: Histogram = field(default_factory=lambda: Histogram(SLACK_BUCKETS))
@@ -202,6 +203,10 @@ class FusedPipeline:
             **self.engine.stats(),
             "codec_states": self.pool.live,
             "codec_calls": st.codec_calls,
+            "codec_rows": st.codec_rows,
+            "codec_frames": st.codec_frames,
+            "codec_seconds": round(st.codec_seconds, 3),
+            "reasons": dict(st.reasons),
             "chunks": st.chunks,
             "deadline_misses": st.misses,
         }
@@ -266,9 +271,8 @@ class FusedPipeline:
         """One codec batch if the policy wants one now (True), else False (a talker step)."""
         self._apply_commands()
         live = [s.state for s in self._streams.values() if not s.ended]
-        urgent = any(s.chunks == 0 and not s.talker_done and s.pending < self.policy.first_chunk_frames for s in live)
         now = self.clock()
-        batch = self.policy.pick(live, now, talker_busy, urgent)
+        batch = self.policy.pick(live, now, talker_busy)
         if batch is None:
             return False
         import torch
@@ -278,9 +282,11 @@ class FusedPipeline:
         for st in streams:
             codes = torch.from_numpy(np.ascontiguousarray(st.take(batch.frames), dtype=np.int64))[None]
             reqs.append(ResidentRequest(st.state.sid, to_device_async(codes, self.device), False, False))
-        results = run_resident_batch(reqs, self.pool, self.codec)
-        now = self.clock()
+        results = run_resident_batch(reqs, self.pool, self.codec)  # ends with the audio's copy to the host
+        t_end = self.clock()
         stats = self.fused_stats
+        stats.codec_seconds += t_end - now
+        now = t_end
         stats.codec_calls += 1
         stats.codec_rows += len(reqs)
         stats.codec_frames += len(reqs) * batch.frames

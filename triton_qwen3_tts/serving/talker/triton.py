@@ -105,6 +105,23 @@ class TritonPythonModel:
         st = self.service.engine.fused_stats  # not the warm-up's
         st.unexported.clear()
         self._fused_misses_seen = st.misses
+        # Exported by a thread of its own, once a second: each observe() is an IPC to the stub's
+        # parent, and on the event loop thread they delayed the engine's loop (hundreds per second
+        # under load).
+        self._fused_stop = threading.Event()
+        self._fused_thread = threading.Thread(target=self._export_fused, name="talker-metrics", daemon=True)
+        self._fused_thread.start()
+
+    def _export_fused(self):
+        n = 0
+        while not self._fused_stop.wait(1.0):
+            n += 1
+            try:
+                self._update_fused_metrics()
+                if n % 30 == 0:  # the scheduler's counters in the server log, twice a minute
+                    pb_utils.Logger.log_info(f"talker fused pipeline: {json.dumps(self.service.engine.stats())}")
+            except Exception:  # noqa: BLE001 - metrics must not end the model
+                pass
 
     def _update_fused_metrics(self):
         st = self.service.engine.fused_stats
@@ -173,10 +190,11 @@ class TritonPythonModel:
         if st.responses > self._responses_seen:
             self._responses.increment(st.responses - self._responses_seen)
             self._responses_seen = st.responses
-        if self._fused is not None:
-            self._update_fused_metrics()
 
     def finalize(self):
+        if self._fused is not None:
+            self._fused_stop.set()
+            self._fused_thread.join(timeout=5)
         try:
             self.service.engine.shutdown()
         finally:
