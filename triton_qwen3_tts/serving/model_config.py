@@ -123,7 +123,7 @@ class TalkerModelConfig:
     pipeline: str = default("pipeline")
     fused_buffer_ms: int = default("fused_buffer_ms")
     first_chunk_frames: int = default("first_chunk_frames")
-    chunk_ramp: str = default("chunk_ramp")
+    chunk_ramp: tuple = tuple(int(x) for x in default("chunk_ramp").split(","))
     chunk_frames: int = default("chunk_frames")
     codec_dtype: str = default("codec_dtype")
     codec_cuda_graphs: bool = default("codec_cuda_graphs")
@@ -136,7 +136,8 @@ class TalkerModelConfig:
         if self.pipeline == "fused" and self.engine != "native":
             raise ModelConfigError("parameter 'pipeline' fused needs engine native (the codec runs in its loop)")
         _choice("codec_dtype", self.codec_dtype, choices("codec_dtype"))
-        self.ramp()  # validates chunk_ramp
+        if any(v < 1 for v in self.chunk_ramp):
+            raise ModelConfigError(f"parameter 'chunk_ramp' values must be >= 1, got {self.chunk_ramp!r}")
         if not 1 <= self.first_chunk_frames <= self.chunk_frames:
             raise ModelConfigError(
                 f"parameters 'first_chunk_frames' ({self.first_chunk_frames}) and 'chunk_frames' "
@@ -159,16 +160,6 @@ class TalkerModelConfig:
             raise ModelConfigError("parameter 'kv_cache_memory_bytes' must be >= 0")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ModelConfigError("parameter 'gpu_memory_utilization' must be in (0, 1]")
-
-    def ramp(self) -> tuple:
-        """``chunk_ramp`` as a tuple of ints."""
-        try:
-            vals = tuple(int(x) for x in self.chunk_ramp.replace(" ", "").split(",") if x)
-        except ValueError:
-            raise ModelConfigError(f"parameter 'chunk_ramp' must be comma-separated ints, got {self.chunk_ramp!r}")
-        if any(v < 1 for v in vals):
-            raise ModelConfigError(f"parameter 'chunk_ramp' values must be >= 1, got {self.chunk_ramp!r}")
-        return vals
 
     def batch_buckets(self):
         """``native_batch_buckets`` as a tuple of ints (None when empty)."""

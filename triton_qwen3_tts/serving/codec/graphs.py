@@ -261,3 +261,22 @@ class StatefulGraphRunner:
                 slot.audio = audio
             self.graph_calls += 1
             return audio[:b].clone(), slice_state(slot.state_out, b, self.names)
+
+
+def warm_stateful_codec(
+    sd, device, dtype, cuda_graphs: bool, max_batch: Optional[int], frame_buckets: Sequence[int]
+) -> Optional["StatefulGraphRunner"]:
+    """Make a stateful decoder ready to serve: on CUDA with ``cuda_graphs``, a
+    :class:`StatefulGraphRunner` with every (batch bucket up to ``max_batch``, frame count in
+    ``frame_buckets``) graph captured, so no request pays for a capture; otherwise None, after one
+    eager warm-up step from zero state. Callers step the runner, or ``sd`` when it is None."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda" and cuda_graphs:
+        runner = StatefulGraphRunner(sd, device, dtype, batch_buckets_for(max_batch), frame_buckets)
+        runner.warmup()
+        return runner
+    with torch.inference_mode():
+        sd.step(torch.zeros((1, 2, 16), dtype=torch.long, device=device), sd.init_state(1, device, dtype))
+    return None

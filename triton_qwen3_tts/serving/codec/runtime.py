@@ -28,6 +28,13 @@ DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_FRAME_BUCKETS = (2, 4, 8, 16, 32, 64, 97, 128)
 
 
+def torch_dtype(name: str):
+    """The torch dtype of a ``codec_dtype`` / ``dtype`` setting value (float32, bfloat16, float16)."""
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
 def load_codec_decoder(checkpoint_dir: str, device: str = "cpu", dtype=None):
     """The decoder of ``<checkpoint>/speech_tokenizer`` (validated, decoder tensors only) and the
     speech-tokenizer config; the one loader is ``checkpoint.load_codec_decoder``."""
@@ -46,7 +53,7 @@ class TorchCodec:
 
         self.torch = torch
         self.device = torch.device(cfg.device if cfg.device == "cpu" else "cuda")
-        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.dtype]
+        self.dtype = torch_dtype(cfg.dtype)
         self.decoder, self.st_cfg = load_codec_decoder(cfg.checkpoint, self.device, self.dtype)
         self.spf = self.st_cfg.samples_per_frame
         self.use_graphs = cfg.cuda_graphs and self.device.type == "cuda"

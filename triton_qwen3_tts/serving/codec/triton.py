@@ -33,7 +33,7 @@ from triton_qwen3_tts.serving.stub import prepare_process
 from triton_qwen3_tts.serving.codec.batch import check_codes, decode_batched
 from triton_qwen3_tts.serving.codec.runtime import make_codec
 from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
-from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder
+from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder, torch_dtype
 from triton_qwen3_tts.serving.model_config import CodecModelConfig, instance_count, parameters_from_model_config
 from triton_qwen3_tts.serving.codec.stateful import (
     StatePool,
@@ -43,7 +43,7 @@ from triton_qwen3_tts.serving.codec.stateful import (
     run_resident_batch,
     state_specs,
 )
-from triton_qwen3_tts.serving.codec.graphs import StatefulGraphRunner, batch_buckets_for
+from triton_qwen3_tts.serving.codec.graphs import warm_stateful_codec
 
 _BACKEND_PARAMS = ("FORCE_CPU_ONLY_INPUT_TENSORS",)
 
@@ -97,26 +97,16 @@ class StatefulCodecModel:
                     f"count must be 1, got {count}"
                 )
         self.device = torch.device(self.cfg.device if self.cfg.device == "cpu" else "cuda")
-        self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.cfg.dtype]
+        self.dtype = torch_dtype(self.cfg.dtype)
         decoder, st_cfg = load_codec_decoder(self.cfg.checkpoint, self.device, self.dtype)
         self.codebook_size = int(st_cfg.decoder.codebook_size)
         self.sd = StatefulCodecDecoder(decoder).eval()
         self.specs = state_specs(self.sd)
         # CUDA graphs (GPU, cuda_graphs on): one per (batch bucket, exact T in stateful_frame_buckets),
-        # all captured here so no request pays for a capture; other T run as
-        # several graph steps (StatefulGraphRunner.step).
-        self.runner = None
-        if self.device.type == "cuda" and self.cfg.cuda_graphs:
-            self.runner = StatefulGraphRunner(
-                self.sd, self.device, self.dtype, batch_buckets_for(self.max_batch), self.cfg.stateful_frame_buckets
-            )
-            self.runner.warmup()
-        else:  # warm-up: one step from zero state
-            with torch.inference_mode():
-                self.sd.step(
-                    torch.zeros((1, 2, 16), dtype=torch.long, device=self.device),
-                    self.sd.init_state(1, self.device, self.dtype),
-                )
+        # all captured here; other T run as several graph steps (StatefulGraphRunner.step).
+        self.runner = warm_stateful_codec(
+            self.sd, self.device, self.dtype, self.cfg.cuda_graphs, self.max_batch, self.cfg.stateful_frame_buckets
+        )
         self.pool = None
         if self.resident:
             self.pool = StatePool(

@@ -63,32 +63,26 @@ def make_fused(cfg: TalkerModelConfig, engine):
     import torch
 
     from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
-    from triton_qwen3_tts.serving.codec.graphs import StatefulGraphRunner, batch_buckets_for
-    from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder
+    from triton_qwen3_tts.serving.codec.graphs import warm_stateful_codec
+    from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder, torch_dtype
     from triton_qwen3_tts.serving.codec.stateful import StatePool
     from triton_qwen3_tts.serving.talker.deadline import DeadlinePolicy
     from triton_qwen3_tts.serving.talker.fused import FusedPipeline, frame_buckets
 
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[cfg.codec_dtype]
+    dtype = torch_dtype(cfg.codec_dtype)
     device = torch.device(cfg.device)
     decoder, _ = load_codec_decoder(cfg.checkpoint, device, dtype)
     sd = StatefulCodecDecoder(decoder).eval()
-    buckets = frame_buckets(cfg.first_chunk_frames, cfg.ramp(), cfg.chunk_frames)
-    codec = sd
-    if device.type == "cuda" and cfg.codec_cuda_graphs:
-        codec = StatefulGraphRunner(sd, device, dtype, batch_buckets_for(cfg.codec_max_batch), buckets)
-        codec.warmup()
-    else:  # warm-up: one step from zero state
-        with torch.inference_mode():
-            sd.step(torch.zeros((1, 2, 16), dtype=torch.long, device=device), sd.init_state(1, device, dtype))
+    buckets = frame_buckets(cfg.first_chunk_frames, cfg.chunk_ramp, cfg.chunk_frames)
+    runner = warm_stateful_codec(sd, device, dtype, cfg.codec_cuda_graphs, cfg.codec_max_batch, buckets)
     pool = StatePool(sd, cfg.codec_state_slots, device, dtype, idle_timeout_s=0)
     policy = DeadlinePolicy(
         first_chunk_frames=cfg.first_chunk_frames,
-        ramp=cfg.ramp(),
+        ramp=cfg.chunk_ramp,
         chunk_frames=cfg.chunk_frames,
         buffer_s=cfg.fused_buffer_ms / 1000.0,
         urgent_s=min(0.15, cfg.fused_buffer_ms / 2000.0),
         max_batch=cfg.codec_max_batch,
         frame_buckets=buckets,
     )
-    return FusedPipeline(engine, codec, pool, policy, prime_frames=cfg.chunk_frames)
+    return FusedPipeline(engine, runner or sd, pool, policy, prime_frames=cfg.chunk_frames)

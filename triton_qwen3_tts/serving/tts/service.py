@@ -312,17 +312,7 @@ class TtsService:
         try:
             if self.fused:  # the talker sends audio
                 chunks = forward_audio(
-                    _touching(
-                        self.talker.stream(
-                            rid,
-                            talker_inputs(
-                                req,
-                                None if voice is None else voice.speaker_embedding,
-                                None if voice is None else voice.ref_codes,
-                            ),
-                        ),
-                        touch,
-                    ),
+                    self._talker_stream(rid, req, voice, touch),
                     cancelled,
                     on_first_frames=lambda: self.metrics.first_frames(time.monotonic() - t0),
                 )
@@ -388,6 +378,17 @@ class TtsService:
                 if getattr(session, "stateful", False):
                     self.codec_states.add(-1)
 
+    def _talker_stream(self, rid, req, voice, touch, response_frames=None):
+        """The talker's stream for ``req`` (frames, or audio with the fused pipeline), calling
+        ``touch()`` as items arrive."""
+        inputs = talker_inputs(
+            req,
+            None if voice is None else voice.speaker_embedding,
+            None if voice is None else voice.ref_codes,
+            response_frames,
+        )
+        return _touching(self.talker.stream(rid, inputs), touch)
+
     async def _split_chunks(self, req, voice, rid, session, touch, cancelled, t0):
         """The split pipeline's audio chunks: talker frames through the chunk schedule into the
         codec ``session`` (primed with a Base voice's reference codes first)."""
@@ -397,18 +398,7 @@ class TtsService:
             if getattr(session, "stateful", False):
                 await self._prime(session, prefix)
                 prefix = None
-        frames = _touching(
-            self.talker.stream(
-                rid,
-                talker_inputs(
-                    req,
-                    None if voice is None else voice.speaker_embedding,
-                    None if voice is None else voice.ref_codes,
-                    schedule_sizes(self.schedule),
-                ),
-            ),
-            touch,
-        )
+        frames = self._talker_stream(rid, req, voice, touch, schedule_sizes(self.schedule))
 
         async def decode(codes, left_context, _decode=session.decode):
             t = time.monotonic()
