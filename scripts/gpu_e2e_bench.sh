@@ -15,7 +15,8 @@
 # PER_LEVEL=1 (one benchmark_service run per level, server metrics snapshot after each),
 # RATES (open loop on the same server after the closed loop: Poisson arrivals at these req/s,
 # OPEN_FRAMES-frame clips (default 50, 4 s), OPEN_ARGS default "--duration 15 --warmup 2
-# --streams 64"; its table ends with the capacity line), LEVELS="" (no closed loop).
+# --streams 64"; its table ends with the capacity line; OPEN_TIMEOUT default 400 s), LEVELS=""
+# (no closed loop).
 # Stage "graphs": scripts/check_stateful_graphs.py (stateful codec's CUDA graphs vs eager), fp32
 # and bf16, on the preset's random decoder.
 set -uo pipefail
@@ -69,7 +70,7 @@ if [[ " $STAGES " == *" service "* ]]; then
   fi
   if [ -n "${RATES:-}" ]; then
     # shellcheck disable=SC2086
-    timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate $RATES \
+    timeout "${OPEN_TIMEOUT:-400}" python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate $RATES \
       --fixed-frames "${OPEN_FRAMES:-50}" ${OPEN_ARGS:---duration 15 --warmup 2 --streams 64} \
       --out-json "$OUT/open_$TAG.json" --out-csv "$OUT/open_$TAG.csv" --no-progress 2>&1 | tail -30
   fi

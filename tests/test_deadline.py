@@ -96,6 +96,16 @@ def test_talker_step_between_two_non_critical_decodes():
     assert p.pick([c], now, talker_busy=True).reason == "critical"
 
 
+def test_critical_decodes_alternate_with_steps_while_a_stream_waits_for_its_first_frames():
+    p, now = policy(), 3.0
+    c = playing(3, now, slack=0.01, pending=32)
+    assert p.pick([c], now, talker_busy=True, talker_urgent=True).reason == "critical"
+    assert p.pick([c], now, talker_busy=True, talker_urgent=True) is None  # the new stream's step
+    assert p.pick([c], now, talker_busy=True, talker_urgent=True).reason == "critical"
+    first = StreamState(4, t_submit=2.9, pending=1)
+    assert p.pick([c, first], now, talker_busy=True, talker_urgent=True).reason == "first"  # never held
+
+
 def test_idle_talker_flushes_everything_pending():
     p, now = policy(), 4.0
     s = playing(1, now, slack=2.0, pending=3)

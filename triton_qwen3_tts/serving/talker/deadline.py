@@ -22,7 +22,8 @@ stream, in one call) or None (run a talker step, or nothing when the talker is i
 3. **Critical.** A ready stream whose slack is below ``urgent_s`` is decoded now.
 4. **Due.** A ready stream whose slack is below ``buffer_s``, or whose talker is done (its request
    ends only when its last audio is out), is decoded, but never twice in a row without a talker
-   step between, so decoding ahead never starves generation.
+   step between, so decoding ahead never starves generation. While a new stream waits for its
+   first frames, critical decodes alternate with talker steps too.
 5. **Idle talker.** When no talker step is pending anyway, everything pending is decoded.
 
 A stream whose buffer is full (slack at least ``buffer_s``) waits: its frames pile up and go out
@@ -141,9 +142,12 @@ class DeadlinePolicy:
         out.sort(key=lambda c: c[0])
         return out
 
-    def pick(self, streams: Sequence[StreamState], now: float, talker_busy: bool) -> Optional[CodecBatch]:
+    def pick(
+        self, streams: Sequence[StreamState], now: float, talker_busy: bool, talker_urgent: bool = False
+    ) -> Optional[CodecBatch]:
         """The codec batch to run now, or None (a talker step, or nothing). ``talker_busy``: the
-        talker has rows to step."""
+        talker has rows to step; ``talker_urgent``: one of them still waits for its first chunk's
+        frames (then critical decodes alternate with talker steps too: time to first audio)."""
         cands = self.candidates(streams, now, talker_busy)
         for _, _, _, s in cands:
             if s.t_ready is None:
@@ -152,8 +156,9 @@ class DeadlinePolicy:
             self._last_was_codec = False
             return None
         key, reason, frames, _ = cands[0]
-        if talker_busy and self._last_was_codec and reason in ("due", "done"):
-            self._last_was_codec = False  # a talker step between two non-critical decodes
+        alternate = reason in ("due", "done") or (talker_urgent and reason != "first")
+        if talker_busy and self._last_was_codec and alternate:
+            self._last_was_codec = False  # a talker step between two decodes
             return None
         group = [c[3] for c in cands if c[2] == frames][: self.max_batch]
         if reason != "first" and len(group) < self.max_batch:

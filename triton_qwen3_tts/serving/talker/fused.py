@@ -271,8 +271,10 @@ class FusedPipeline:
         """One codec batch if the policy wants one now (True), else False (a talker step)."""
         self._apply_commands()
         live = [s.state for s in self._streams.values() if not s.ended]
+        first = self.policy.first_chunk_frames
+        urgent = any(s.chunks == 0 and not s.talker_done and s.pending < first for s in live)
         now = self.clock()
-        batch = self.policy.pick(live, now, talker_busy)
+        batch = self.policy.pick(live, now, talker_busy, urgent)
         if batch is None:
             return False
         import torch
