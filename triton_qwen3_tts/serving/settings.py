@@ -90,7 +90,7 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting(
         "pipeline",
         "split",
-        "fused (experimental: hung once under open-loop load on the H100, docs/benchmark-history.md run 22): "
+        "fused (experimental: hung in 2 of 4 open-loop runs on the H100, docs/benchmark-history.md run 22): "
         "the native talker engine also decodes the audio (stateful codec in its process, one scheduler "
         "ordering talker steps and codec batches by playback deadline; engine native); split: the talker "
         "streams frames to a codec model",
