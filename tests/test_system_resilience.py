@@ -1,5 +1,6 @@
 """Staying up under load and failure (real tritonserver under the project's launcher, CPU, tiny
-random checkpoint, native talker engine, resident stateful codec as on the GPU):
+random checkpoint, native talker engine; each test runs on the split pipeline with the resident
+stateful codec as on the GPU, and on the fused pipeline):
 
 * an open-loop burst that saturates the machine: no stub dies, every request ends with audio or a
   coded error, the in-flight and codec-state gauges return to 0;
@@ -109,11 +110,13 @@ class Supervised:
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def server(tiny_checkpoint, tmp_path_factory):
+@pytest.fixture(scope="module", params=["split", "fused"])
+def server(request, tiny_checkpoint, tmp_path_factory):
+    """Both pipelines: split (talker frames into the resident stateful codec) and fused (the
+    talker's engine decodes the audio; the repository has no codec model)."""
     from triton_qwen3_tts.serving.repository import RepositorySettings, build_repository
 
-    work = tmp_path_factory.mktemp("resilience")
+    work = tmp_path_factory.mktemp(f"resilience_{request.param}")
     repo = build_repository(
         RepositorySettings(
             checkpoint=str(tiny_checkpoint),
@@ -133,6 +136,7 @@ def server(tiny_checkpoint, tmp_path_factory):
             first_chunk_frames=1,
             chunk_frames=16,
             request_deadline_s=DEADLINE_S,
+            pipeline=request.param,
         ),
         str(work / "repo"),
     )
