@@ -1,6 +1,6 @@
 """The fused pipeline through the real tritonserver (CPU, eager, tiny random checkpoint):
-`pipeline: fused` with the native engine, so the repository has no codec model and the talker
-streams audio that the tts forwards.
+`pipeline: fused` with the native engine: the repository has one model, the tts, which hosts the
+talker engine and its codec in its own process.
 
 Concurrent greedy streams of different lengths each equal the reference's frames decoded in one
 piece (within 1e-4), as the split pipeline's stateful codec does (test_stateful_serving.py); a
@@ -33,11 +33,11 @@ def server(tiny_checkpoint, tmp_path_factory):
     srv.stop()
 
 
-def test_repository_has_no_codec_model(server):
+def test_repository_has_only_the_tts_model(server):
     import os
 
     repo = os.path.join(os.path.dirname(server.log_path), "repo")  # start_tts_server's layout
-    assert sorted(os.listdir(repo)) == ["build.json", "talker", "tts"]
+    assert sorted(os.listdir(repo)) == ["build.json", "tts"]
 
 
 def test_concurrent_greedy_streams_equal_whole_decode(server, tiny_checkpoint):
@@ -70,10 +70,10 @@ def test_concurrent_greedy_streams_equal_whole_decode(server, tiny_checkpoint):
         time.sleep(0.2)
 
 
-def test_cancel_frees_the_talker_request(server):
+def test_cancel_ends_the_stream_and_the_server_serves_on(server):
     from triton_qwen3_tts.tools.client import StreamingClient, build_inputs
 
-    aborted0 = metric(server, "qwen3_tts_talker_aborted_total")
+    aborted0 = metric(server, "qwen3_tts_requests_cancelled_total")
     c = StreamingClient(server.grpc_url)
     try:
         rid = c.send(build_inputs(text="A long one to cancel.", speaker="aiden", max_frames=400, ignore_eos=True))
@@ -83,7 +83,7 @@ def test_cancel_frees_the_talker_request(server):
         c.close(cancel=True)
     wait_idle(server)
     deadline = time.time() + 60
-    while metric(server, "qwen3_tts_talker_aborted_total") <= aborted0:
+    while metric(server, "qwen3_tts_requests_cancelled_total") <= aborted0:
         assert time.time() < deadline, server_state(server)
         time.sleep(0.2)
     # the server serves on

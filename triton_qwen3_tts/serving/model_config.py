@@ -35,6 +35,11 @@ class ModelConfigError(ValueError):
     pass
 
 
+# pipeline fused: the tts model hosts the talker engine; its parameters carry the talker's
+# settings under this prefix (serving/repository.py copies them from the talker's template)
+ENGINE_PREFIX = "talker."
+
+
 def parameters_from_model_config(model_config: Any) -> dict:
     """``args["model_config"]`` (JSON string or dict) -> {key: string value}."""
     cfg = json.loads(model_config) if isinstance(model_config, str) else model_config

@@ -49,6 +49,8 @@ def _cross_checks(self) -> None:
         raise RepositoryError("device and codec_backend 'auto' are resolved first (resolve_auto)")
     if self.pipeline == "fused" and self.engine != "native":
         raise RepositoryError("pipeline fused needs engine native (the codec runs in the native engine's loop)")
+    if self.pipeline == "fused" and self.tts_instances != 1:
+        raise RepositoryError("pipeline fused needs tts_instances 1 (the tts hosts the one talker engine)")
     if self.codec_backend == "tensorrt" and self.device == "cpu":
         raise RepositoryError("codec_backend tensorrt needs device gpu (use --codec-backend python on CPU)")
     if self.codec_backend == "tensorrt" and self.plan and not os.path.exists(self.plan):
@@ -390,9 +392,19 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         "tts": "tts",
         "codec_decoder": "codec_decoder" if s.codec_backend == "tensorrt" else "codec_decoder_python",
     }
-    if s.pipeline == "fused":  # the talker decodes the audio itself
-        del models["codec_decoder"]
+    values["tts_engine_parameters"] = ""
+    if s.pipeline == "fused":  # one model: the tts hosts the talker engine, which decodes the audio
+        from triton_qwen3_tts.serving.model_config import ENGINE_PREFIX
+
+        models = {"tts": "tts"}
         stateful = False
+        with open(os.path.join(templates, "talker", "config.pbtxt.in"), encoding="utf-8") as f:
+            talker = _substitute(f.read(), values, "talker/config.pbtxt.in")
+        values["tts_engine_parameters"] = "\n".join(
+            line.replace('key: "', f'key: "{ENGINE_PREFIX}', 1)
+            for line in talker.splitlines()
+            if line.startswith("parameters:")
+        )
     elif stateful:
         # the tts then talks to codec_decoder_stateful only: loading the windowed codec as well
         # would hold its CUDA graphs (tens of GB at batch 64 x 97 frames) for nothing

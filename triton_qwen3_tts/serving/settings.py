@@ -91,9 +91,9 @@ SETTINGS: Tuple[Setting, ...] = (
         "pipeline",
         "split",
         "fused (experimental: hung in 2 of 4 open-loop runs on the H100, docs/benchmark-history.md run 22): "
-        "the native talker engine also decodes the audio (stateful codec in its process, one scheduler "
-        "ordering talker steps and codec batches by playback deadline; engine native); split: the talker "
-        "streams frames to a codec model",
+        "one model: the tts hosts the native talker engine, which also decodes the audio (stateful codec "
+        "in the same process, one scheduler ordering talker steps and codec batches by playback deadline; "
+        "engine native, tts_instances 1); split: the talker model streams frames to a codec model",
         choices=("split", "fused"),
         group="repository",
     ),

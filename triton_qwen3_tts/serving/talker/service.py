@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Dict, Mapping
 
@@ -163,6 +164,20 @@ class TalkerService:
                 except Exception:  # noqa: BLE001
                     log.exception("engine abort of %s failed", request_id)
 
+    async def warmup(self) -> None:
+        """Serve one short greedy request, so readiness means the engine has served one."""
+        inputs = {
+            "text": np.array([b"warm up"], dtype=object),
+            "max_frames": np.array([2], np.int32),
+            "temperature": np.array([0.0], np.float32),
+        }
+        if self.frontend.config.task_type == "VoiceDesign":
+            inputs["instruct"] = np.array([b"a calm voice"], dtype=object)
+        if self.frontend.config.task_type == "Base":
+            inputs["speaker_embedding"] = np.zeros(self.frontend.config.talker.hidden_size, np.float32)
+        async for _ in self.stream(f"warmup-{uuid.uuid4().hex[:8]}", inputs):
+            pass
+
     async def abort(self, request_id: str) -> bool:
         """Abort a live request by id (the tts model's explicit abort). True if it was live."""
         task = self.live.get(request_id)
@@ -172,3 +187,19 @@ class TalkerService:
         if task is not None:
             task.cancel()
         return task is not None
+
+
+class LocalTalker:
+    """The tts's talker client when the engine runs in the tts's own process (pipeline fused):
+    the same ``stream`` / ``abort`` as the BLS client, without a Triton hop. ``abort`` stops the
+    engine request only (the stream's consumer is the caller's own task, which must not be
+    cancelled)."""
+
+    def __init__(self, service: TalkerService):
+        self.service = service
+
+    def stream(self, request_id: str, inputs: Mapping[str, Any]) -> AsyncIterator[np.ndarray]:
+        return self.service.stream(request_id, inputs)
+
+    async def abort(self, request_id: str) -> None:
+        await self.service.engine.abort(request_id)

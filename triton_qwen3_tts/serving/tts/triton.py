@@ -21,7 +21,7 @@ from triton_qwen3_tts.serving import profiling
 from triton_qwen3_tts.serving.stub import prepare_process
 from triton_qwen3_tts.serving.stub_procs import StubWatch
 from triton_qwen3_tts.model.config import Qwen3TTSConfig
-from triton_qwen3_tts.serving.model_config import TtsModelConfig, parameters_from_model_config
+from triton_qwen3_tts.serving.model_config import ENGINE_PREFIX, TtsModelConfig, parameters_from_model_config
 from triton_qwen3_tts.serving.tts.pipeline import trim_window
 from triton_qwen3_tts.serving.tts.request import TTS_INPUTS
 from triton_qwen3_tts.serving.tts.service import SAMPLE_RATE, Metrics, TtsService
@@ -57,9 +57,8 @@ class _TalkerBLS:
 
     ITERATOR_GRACE_S = 10.0
 
-    def __init__(self, model_name: str, max_streams: int, output: str = "codes"):
+    def __init__(self, model_name: str, max_streams: int):
         self.model_name = model_name
-        self.output = output  # "codes" ([n, 16] frames) or "audio" (pipeline fused: float32 chunks)
         self.pool = ThreadPoolExecutor(max_workers=max_streams + 8, thread_name_prefix="tts-bls")
         self._finished = collections.deque()  # (time, iterator): past their FINAL, held for the grace
 
@@ -111,7 +110,7 @@ class _TalkerBLS:
             model_name=self.model_name,
             request_id=request_id,
             inputs=tensors_from_dict(inputs),
-            requested_output_names=[self.output],
+            requested_output_names=["codes"],
         )
         responses = self._read(await req.async_exec(decoupled=True))
         try:
@@ -120,13 +119,13 @@ class _TalkerBLS:
                     # the talker's own code and field ("[INVALID_ARG] max_frames: ..." reaches the
                     # client as that, once): serving/errors.py parses the message back
                     raise downstream_error(self.model_name, resp.error(), pb_utils.TritonError)
-                out = pb_utils.get_output_tensor_by_name(resp, self.output)
+                out = pb_utils.get_output_tensor_by_name(resp, "codes")
                 if out is not None:
                     # Copy: the array must not depend on the lifetime of the BLS response's buffer
                     # (the pipeline keeps frames across chunks; a view crashed the stub once in CI).
-                    item = np.array(out.as_numpy())
-                    if item.size:
-                        yield item.reshape(-1, 16) if self.output == "codes" else item.reshape(-1)
+                    codes = np.array(out.as_numpy())
+                    if codes.size:
+                        yield codes.reshape(-1, 16)
         finally:
             await responses.aclose()
 
@@ -306,24 +305,109 @@ def _log_failure(fut):
         pb_utils.Logger.log_error(f"tts: request handler failed: {exc!r}")
 
 
+class _FusedMetrics:
+    """Pipeline fused: the scheduler's histograms and deadline misses
+    (``serving/talker/fused.py`` FusedStats), exported by a thread of its own once a second: each
+    ``observe()`` is an IPC to the stub's parent, and on the event loop they would delay the
+    engine (hundreds per second under load). The scheduler's counters go to the log twice a
+    minute."""
+
+    def __init__(self, engine):
+        from triton_qwen3_tts.serving.talker.fused import BATCH_BUCKETS, LAG_BUCKETS, SLACK_BUCKETS
+
+        M = pb_utils.MetricFamily
+        hists = {
+            "slack": (
+                "qwen3_tts_fused_chunk_slack_seconds",
+                "Client buffer (audio sent minus audio played since the first chunk) as each later "
+                "chunk is sent; below 0: the chunk came late (an underrun)",
+                SLACK_BUCKETS,
+            ),
+            "lag": (
+                "qwen3_tts_fused_schedule_lag_seconds",
+                "From a stream becoming ready to decode to its decode",
+                LAG_BUCKETS,
+            ),
+            "batch": ("qwen3_tts_fused_codec_batch_size", "Streams per codec call", BATCH_BUCKETS),
+        }
+        self.engine = engine
+        self.families, self.metrics = {}, {}
+        for key, (name, desc, buckets) in hists.items():
+            self.families[key] = M(name=name, description=desc, kind=M.HISTOGRAM)
+            self.metrics[key] = self.families[key].Metric(labels={"model": "tts"}, buckets=list(buckets))
+        self.families["misses"] = M(
+            name="qwen3_tts_fused_deadline_misses_total",
+            description="Chunks sent after the client's buffer ran dry (server-side underruns)",
+            kind=M.COUNTER,
+        )
+        self.metrics["misses"] = self.families["misses"].Metric(labels={"model": "tts"})
+        st = engine.fused_stats  # not the warm-up's
+        st.unexported.clear()
+        self.misses_seen = st.misses
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tts-fused-metrics", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        n = 0
+        while not self._stop.wait(1.0):
+            n += 1
+            try:
+                self.export()
+                if n % 30 == 0:
+                    pb_utils.Logger.log_info(f"tts fused pipeline: {json.dumps(self.engine.stats())}")
+            except Exception:  # noqa: BLE001 - metrics must not end the model
+                pass
+
+    def export(self):
+        st = self.engine.fused_stats
+        while st.unexported:
+            key, value = st.unexported.popleft()
+            self.metrics[key].observe(value)
+        if st.misses > self.misses_seen:
+            self.metrics["misses"].increment(st.misses - self.misses_seen)
+            self.misses_seen = st.misses
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.metrics.clear()  # metrics before their families
+        self.families.clear()
+
+
 class TritonPythonModel:
     def initialize(self, args):
         prepare_process()
         profiling.maybe_start("tts")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         model_config = json.loads(args["model_config"])
         self._instance = args.get("model_instance_name", "tts_0")
-        self.cfg = TtsModelConfig.from_parameters(parameters_from_model_config(model_config))
+        params = parameters_from_model_config(model_config)
+        # pipeline fused: the talker engine runs in this process; its settings come prefixed
+        # "talker." (serving/repository.py writes them from the talker model's template)
+        engine_params = {k[len(ENGINE_PREFIX) :]: v for k, v in params.items() if k.startswith(ENGINE_PREFIX)}
+        self.cfg = TtsModelConfig.from_parameters({k: v for k, v in params.items() if not k.startswith(ENGINE_PREFIX)})
         ckpt = Qwen3TTSConfig.from_file(os.path.join(self.cfg.checkpoint, "config.json"))
         self._init_metrics()
-        fused = self.cfg.pipeline == "fused"  # the talker sends audio: no codec model
-        if fused:
+        # The service runs on its own event loop thread, so execute() returns at once (decoupled).
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
+        self.thread.start()
+        self.talker = self.fused_metrics = None
+        fused = self.cfg.pipeline == "fused"
+        if fused:  # no talker or codec model: the engine decodes the audio itself, here
+            talker = self._start_engine(engine_params)
             codec = None
-        elif self.cfg.codec_mode == "stateful" and self.cfg.codec_state == "resident":
-            codec = _ResidentCodecBLS(self.cfg.codec_model)
-        elif self.cfg.codec_mode == "stateful":
-            codec = _StatefulCodecBLS(self.cfg.codec_model, self.cfg.checkpoint, self.cfg.codec_zero_state_start)
+            peers = None  # no sibling stub to watch
         else:
-            codec = _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets)
+            self.talker = talker = _TalkerBLS(self.cfg.talker_model, self.cfg.max_in_flight + self.cfg.max_queued)
+            if self.cfg.codec_mode == "stateful" and self.cfg.codec_state == "resident":
+                codec = _ResidentCodecBLS(self.cfg.codec_model)
+            elif self.cfg.codec_mode == "stateful":
+                codec = _StatefulCodecBLS(self.cfg.codec_model, self.cfg.checkpoint, self.cfg.codec_zero_state_start)
+            else:
+                codec = _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets)
+            # the talker's and codec's stub processes: siblings of this one (children of tritonserver)
+            peers = StubWatch(os.getppid(), (self.cfg.talker_model, self.cfg.codec_model))
         self.encoders = None
         if ckpt.task_type == "Base":  # voice cloning: encoders next to the voice cache (serving.md)
             from triton_qwen3_tts.serving.tts.encoders import ReferenceEncoders
@@ -332,28 +416,32 @@ class TritonPythonModel:
             self.encoders = ReferenceEncoders(
                 self.cfg.checkpoint, self.cfg.encoder_device, on_run=lambda name: runs[f"enc_{name}"].increment(1)
             )
-        self.talker = _TalkerBLS(
-            self.cfg.talker_model, self.cfg.max_in_flight + self.cfg.max_queued, "audio" if fused else "codes"
-        )
-        # the talker's and codec's stub processes: siblings of this one (children of tritonserver)
-        peers = StubWatch(
-            os.getppid(), (self.cfg.talker_model,) if fused else (self.cfg.talker_model, self.cfg.codec_model)
-        )
         self.service = TtsService(
             self.cfg,
             ckpt,
-            self.talker,
+            talker,
             codec,
             self.metrics,
             encode=None if self.encoders is None else self.encoders.encode_async,
             peers=peers,
             generation=load_generation_defaults(self.cfg.checkpoint),
         )
-        # The service runs on its own event loop thread, so execute() returns at once (decoupled).
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
-        self.thread.start()
         self._watchdog = asyncio.run_coroutine_threadsafe(self.service.watchdog(), self.loop)
+
+    def _start_engine(self, engine_params):
+        """Pipeline fused: start the native engine with the codec in its loop on this model's
+        event loop, serve one warm-up request, and return the in-process talker client."""
+        from triton_qwen3_tts.serving.model_config import TalkerModelConfig
+        from triton_qwen3_tts.serving.talker.engines import make_engine, make_frontend
+        from triton_qwen3_tts.serving.talker.service import LocalTalker, TalkerService
+
+        tcfg = TalkerModelConfig.from_parameters(engine_params)
+        engine = asyncio.run_coroutine_threadsafe(make_engine(tcfg), self.loop).result()
+        self.talker_service = TalkerService(make_frontend(tcfg), engine)
+        if tcfg.warmup:  # readiness means the engine has served a request
+            asyncio.run_coroutine_threadsafe(self.talker_service.warmup(), self.loop).result()
+        self.fused_metrics = _FusedMetrics(engine)
+        return LocalTalker(self.talker_service)
 
     def _init_metrics(self):
         # Families must outlive their metrics (the stub refuses updates otherwise): keep both.
@@ -478,12 +566,16 @@ class TritonPythonModel:
             asyncio.run_coroutine_threadsafe(drain(), self.loop).result(timeout=5)
         except Exception as e:  # noqa: BLE001 - shut down regardless
             pb_utils.Logger.log_warn(f"tts: draining the event loop at unload: {e!r}")
+        if self.fused_metrics is not None:
+            self.fused_metrics.stop()
+            self.talker_service.engine.shutdown()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
-        self.talker.pool.shutdown(wait=False, cancel_futures=True)
+        if self.talker is not None:
+            self.talker.pool.shutdown(wait=False, cancel_futures=True)
         if self.encoders is not None:
             self.encoders.close()
-        self.service = self.talker = self.metrics = self._watchdog = None
+        self.service = self.talker = self.metrics = self._watchdog = self.fused_metrics = None
         self._metrics.clear()  # metrics before their families
         self._families.clear()
         gc.collect()
