@@ -90,7 +90,7 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting(
         "pipeline",
         "split",
-        "fused (experimental: hung in 2 of 4 open-loop runs on the H100, docs/benchmark-history.md run 22): "
+        "fused (experimental; the fastest on the H100, docs/benchmark-history.md run 23): "
         "one model: the tts hosts the native talker engine, which also decodes the audio (stateful codec "
         "in the same process, one scheduler ordering talker steps and codec batches by playback deadline; "
         "engine native, tts_instances 1); split: the talker model streams frames to a codec model",
