@@ -2,6 +2,8 @@
 
 Triton specifics live here and only here: reading inputs, BLS calls to `talker` (decoupled) and
 `codec_decoder` (async, so concurrent streams batch there), response senders, custom metrics.
+With ``pipeline fused`` there are no BLS calls: this model starts the native talker engine, with
+the codec in its loop, on its own event loop (``_start_engine``) and streams its audio.
 """
 
 import asyncio
