@@ -123,6 +123,7 @@ class TalkerModelConfig:
     # CUDA-graph capture (GPU), and the decode batch buckets ("" = the engine's default)
     native_compile: bool = default("native_compile")
     native_batch_buckets: str = default("native_batch_buckets")
+    native_compile_code_predictor: bool = default("native_compile_code_predictor")
     # pipeline fused (serving/talker/fused.py): the codec runs in this model, scheduled by
     # playback deadline with these chunk sizes; codec_max_batch is its largest batch
     pipeline: str = default("pipeline")
@@ -132,6 +133,7 @@ class TalkerModelConfig:
     chunk_frames: int = default("chunk_frames")
     codec_dtype: str = default("codec_dtype")
     codec_cuda_graphs: bool = default("codec_cuda_graphs")
+    codec_compile: bool = default("codec_compile")
     codec_max_batch: int = default("codec_max_batch_size")
     codec_state_slots: int = 128
 
@@ -195,6 +197,7 @@ class CodecModelConfig:
     device: str = "cuda"
     dtype: str = default("codec_dtype")
     cuda_graphs: bool = default("codec_cuda_graphs")
+    compile: bool = default("codec_compile")
     frame_buckets: tuple = ()
     max_frames: int = default("codec_max_frames")
     # codec_decoder_stateful on CUDA with cuda_graphs: one graph per (batch bucket, T) for these

@@ -154,6 +154,13 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_compile_code_predictor",
+        False,
+        "native engine on gpu: torch.compile the whole code predictor (15 residual steps) as one graph "
+        "per batch bucket before CUDA-graph capture (a longer start)",
+        group="talker",
+    ),
+    Setting(
         "native_batch_buckets",
         "",
         "native engine: decode batch sizes with a captured graph, e.g. 1,8,32,64 ('' = the engine's default)",
@@ -188,6 +195,13 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting("codec_dtype", "float32", "Python-backend codec precision", choices=_DTYPES, group="codec"),
     Setting(
         "codec_cuda_graphs", True, "Python-backend codec on gpu: CUDA graphs per batch and frame bucket", group="codec"
+    ),
+    Setting(
+        "codec_compile",
+        False,
+        "stateful codec on gpu with CUDA graphs (codec_mode stateful, pipeline fused): torch.compile the "
+        "decoder step (dynamic batch and frames) before capture",
+        group="codec",
     ),
     Setting("codec_max_batch_size", 64, "codec requests Triton batches together at most", lo=1, hi=1024, group="codec"),
     Setting(

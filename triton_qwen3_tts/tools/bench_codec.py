@@ -99,7 +99,12 @@ def make_stateful(dec, b, t, device, graph, compiled):
     dtype = next(dec.parameters()).dtype
     state = sdec.init_state(b, device=device, dtype=dtype)
     codes = torch.randint(0, 2048, (b, t, 16), device=device)
-    step = torch.compile(sdec.step, dynamic=False) if compiled else sdec.step
+    if compiled:  # as the serving runner compiles it: dynamic batch and frame dims
+        from triton_qwen3_tts.serving.codec.graphs import compile_step
+
+        step = compile_step(sdec.step)
+    else:
+        step = sdec.step
 
     def call():
         _, new = step(codes, state)
@@ -153,6 +158,11 @@ def main(argv=None) -> int:
         metavar="BACKEND",
         help="any of eager, graph, compile-graph, onnxruntime, tensorrt (default: eager, plus graph on CUDA)",
     )
+    p.add_argument(
+        "--cudnn-benchmark",
+        action="store_true",
+        help="torch.backends.cudnn.benchmark on (cuDNN times its algorithms on each shape's first call)",
+    )
     p.add_argument("--onnx", help="ONNX model for the onnxruntime backend (windowed)")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--json", help="write results here")
@@ -162,6 +172,7 @@ def main(argv=None) -> int:
     cuda = a.device.startswith("cuda")
     backends = a.backends or (["eager", "graph"] if cuda else ["eager"])
     torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = bool(a.cudnn_benchmark)
     dec = build_decoder(a)
     run = timer(a.device)
     rows: List[Dict] = []

@@ -109,6 +109,33 @@ def slice_state(
     return OrderedDict((n, state[n][:rows].clone() if clone else state[n][:rows]) for n in names)
 
 
+def compile_step(step, backend: str = "inductor"):
+    """``step(codes, state)`` through ``torch.compile`` with the batch and frame dims of the codes
+    and the batch dim of the state dynamic, so one compiled graph (plus dynamo's specialisations
+    of size 1) serves every (batch bucket, T) slot: compiling each slot separately would cost
+    minutes per slot at start. Inductor fuses the decoder's elementwise work (SnakeBeta, the
+    residual adds, the ConvNeXt norm and GELU) between the cuDNN convolutions; the slots' CUDA
+    graphs then capture the compiled kernels. ``backend``: a ``torch.compile`` backend
+    (``aot_eager`` traces without generating kernels: how CPU tests check the wiring)."""
+    import torch
+    import torch._dynamo
+
+    compiled = torch.compile(step, backend=backend, dynamic=None)
+    dc = torch._dynamo.config
+    name = "recompile_limit" if hasattr(dc, "recompile_limit") else "cache_size_limit"
+
+    def call(codes, state):
+        if getattr(dc, name) < 64:
+            setattr(dc, name, 64)
+        torch._dynamo.maybe_mark_dynamic(codes, 0)
+        torch._dynamo.maybe_mark_dynamic(codes, 1)
+        for t in state.values():
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        return compiled(codes, state)
+
+    return call
+
+
 class _Slot:
     __slots__ = ("codes", "state_in", "state_out", "audio", "graph")
 
@@ -130,6 +157,8 @@ class StatefulGraphRunner:
         batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
         frame_buckets: Sequence[int] = (1, 2, 4, 8, 16, 25),
         capture: bool = True,
+        compile: bool = False,
+        compile_backend: str = "inductor",
     ):
         import torch
 
@@ -152,6 +181,8 @@ class StatefulGraphRunner:
         self._in = None  # name -> [max bucket, ...] static state input
         self._out = None  # name -> [max bucket, ...] static new-state output
         self._pool = None
+        self.compile = bool(compile)
+        self._step = compile_step(sd.step, compile_backend) if self.compile else sd.step
         self.graph_calls = 0  # calls served by a (graph or capture=False padded) slot
         self.eager_calls = 0  # calls that fell back to sd.step
         self.split_calls = 0  # calls whose T ran as several graph steps (split_frames)
@@ -176,7 +207,7 @@ class StatefulGraphRunner:
         return self._in, self._out
 
     def _body(self, slot: _Slot):
-        audio, new = self.sd.step(slot.codes, slot.state_in)
+        audio, new = self._step(slot.codes, slot.state_in)
         for n in self.names:
             slot.state_out[n].copy_(new[n])
         return audio
@@ -264,17 +295,25 @@ class StatefulGraphRunner:
 
 
 def warm_stateful_codec(
-    sd, device, dtype, cuda_graphs: bool, max_batch: Optional[int], frame_buckets: Sequence[int]
+    sd,
+    device,
+    dtype,
+    cuda_graphs: bool,
+    max_batch: Optional[int],
+    frame_buckets: Sequence[int],
+    compile: bool = False,
 ) -> Optional["StatefulGraphRunner"]:
     """Make a stateful decoder ready to serve: on CUDA with ``cuda_graphs``, a
     :class:`StatefulGraphRunner` with every (batch bucket up to ``max_batch``, frame count in
     ``frame_buckets``) graph captured, so no request pays for a capture; otherwise None, after one
-    eager warm-up step from zero state. Callers step the runner, or ``sd`` when it is None."""
+    eager warm-up step from zero state. Callers step the runner, or ``sd`` when it is None.
+    ``compile`` (CUDA graphs only): the graphs capture the ``torch.compile``'d step
+    (:func:`compile_step`)."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda" and cuda_graphs:
-        runner = StatefulGraphRunner(sd, device, dtype, batch_buckets_for(max_batch), frame_buckets)
+        runner = StatefulGraphRunner(sd, device, dtype, batch_buckets_for(max_batch), frame_buckets, compile=compile)
         runner.warmup()
         return runner
     with torch.inference_mode():

@@ -105,7 +105,13 @@ class StatefulCodecModel:
         # CUDA graphs (GPU, cuda_graphs on): one per (batch bucket, exact T in stateful_frame_buckets),
         # all captured here; other T run as several graph steps (StatefulGraphRunner.step).
         self.runner = warm_stateful_codec(
-            self.sd, self.device, self.dtype, self.cfg.cuda_graphs, self.max_batch, self.cfg.stateful_frame_buckets
+            self.sd,
+            self.device,
+            self.dtype,
+            self.cfg.cuda_graphs,
+            self.max_batch,
+            self.cfg.stateful_frame_buckets,
+            compile=self.cfg.compile,
         )
         self.pool = None
         if self.resident:

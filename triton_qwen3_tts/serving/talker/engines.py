@@ -48,6 +48,7 @@ async def make_engine(cfg: TalkerModelConfig):
             cuda_graphs=not cfg.enforce_eager,
             seed=cfg.seed,
             compile=cfg.native_compile and cfg.device == "cuda",
+            compile_code_predictor=cfg.native_compile_code_predictor and cfg.device == "cuda",
             **extra,
         ),
     )
@@ -74,7 +75,9 @@ def make_fused(cfg: TalkerModelConfig, engine):
     decoder, _ = load_codec_decoder(cfg.checkpoint, device, dtype)
     sd = StatefulCodecDecoder(decoder).eval()
     buckets = frame_buckets(cfg.first_chunk_frames, cfg.chunk_ramp, cfg.chunk_frames)
-    runner = warm_stateful_codec(sd, device, dtype, cfg.codec_cuda_graphs, cfg.codec_max_batch, buckets)
+    runner = warm_stateful_codec(
+        sd, device, dtype, cfg.codec_cuda_graphs, cfg.codec_max_batch, buckets, compile=cfg.codec_compile
+    )
     pool = StatePool(sd, cfg.codec_state_slots, device, dtype, idle_timeout_s=0)
     policy = DeadlinePolicy(
         first_chunk_frames=cfg.first_chunk_frames,
