@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 17's fast paths on the GPU machine (device tool): the talker step with and without the
-# whole-code-predictor compile, the stateful codec with and without the compiled step, and their
-# parity against the fallbacks (scripts/fastpath_parity.py). Each stage has its own time limit
+# Issue 17's fast paths on the GPU machine (device tool): the talker step (compiled blocks), the
+# stateful codec with and without the compiled step, and the parity of each fast path against its
+# fallback (scripts/fastpath_parity.py). Each stage has its own time limit
 # (inductor compiles are part of what is measured); results and one log under $OUT.
-#   env: STAGES (default "step-blocks step-cp codec parity"), BUCKETS (default "1 64"), CODEC_BATCH ("32 64"),
+#   env: STAGES (default "step-blocks codec parity"), BUCKETS (default "1 64"), CODEC_BATCH ("32 64"),
 #        CODEC_ARGS (extra benchmark_codec.py flags), T_STEP/T_CODEC/T_PARITY (seconds)
 set -uo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
-STAGES=${STAGES:-step-blocks step-cp codec parity}
+STAGES=${STAGES:-step-blocks codec parity}
 BUCKETS=${BUCKETS:-1 64}
 CODEC_BATCH=${CODEC_BATCH:-32 64}
 log="$OUT/fastpath.log"
@@ -22,12 +22,6 @@ for s in $STAGES; do
     timeout "${T_STEP:-200}" python3 benchmark/benchmark_model.py --random-preset 1.7b-customvoice --engine native \
       --device cuda --dtype bfloat16 --profile-step --profile-ctx 300 --compile --batch-buckets $BUCKETS \
       --json "$OUT/step_blocks.json" 2>&1 | grep -v Warning | tail -12 | tee -a "$log" ;;
-  step-cp)
-    stage "talker step: compiled blocks + whole code predictor"
-    /usr/bin/time -f "wall %e s" timeout "${T_STEP:-200}" python3 benchmark/benchmark_model.py \
-      --random-preset 1.7b-customvoice --engine native --device cuda --dtype bfloat16 --profile-step \
-      --profile-ctx 300 --compile --compile-code-predictor --batch-buckets $BUCKETS \
-      --json "$OUT/step_cp.json" 2>&1 | grep -v Warning | tail -12 | tee -a "$log" ;;
   codec)
     stage "stateful codec: graph vs compiled step + graph"
     /usr/bin/time -f "wall %e s" timeout "${T_CODEC:-240}" python3 benchmark/benchmark_codec.py --device cuda \

@@ -122,16 +122,14 @@ def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
         dict(fast_math=True),
         dict(fuse_weights=False, skip_top_p=False, batched_prefill=False),
         dict(compile=True, compile_backend="eager"),
-        dict(compile_code_predictor=True, compile_backend="eager", fast_math=True),
     ],
-    ids=["fast_math", "unfused", "compile_traced", "compile_code_predictor_traced"],
+    ids=["fast_math", "unfused", "compile_traced"],
 )
 def test_greedy_matches_reference_engine_variants(tiny_checkpoint, ref, loop, kw):
     """The fast paths (SDPA with is_causal / an additive mask, one-kernel RMSNorm, stacked
     residual gather) and the A/B knobs give the same greedy frames as the reference on CPU fp32.
     ``compile_traced``: the decode blocks go through torch.compile(fullgraph=True) with the
-    "eager" backend, so a graph break in them fails here (inductor itself runs on the GPU);
-    ``compile_code_predictor_traced``: the same for the whole code predictor as one graph."""
+    "eager" backend, so a graph break in them fails here (inductor itself runs on the GPU)."""
     eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(**kw)))
     try:
         _check_join_and_leave(eng, ref, loop)

@@ -123,7 +123,6 @@ class TalkerModelConfig:
     # CUDA-graph capture (GPU), and the decode batch buckets ("" = the engine's default)
     native_compile: bool = default("native_compile")
     native_batch_buckets: str = default("native_batch_buckets")
-    native_compile_code_predictor: bool = default("native_compile_code_predictor")
     # pipeline fused (serving/talker/fused.py): the codec runs in this model, scheduled by
     # playback deadline with these chunk sizes; codec_max_batch is its largest batch
     pipeline: str = default("pipeline")

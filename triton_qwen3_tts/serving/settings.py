@@ -154,13 +154,6 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
-        "native_compile_code_predictor",
-        False,
-        "native engine on gpu: torch.compile the whole code predictor (15 residual steps) as one graph "
-        "per batch bucket before CUDA-graph capture (a longer start)",
-        group="talker",
-    ),
-    Setting(
         "native_batch_buckets",
         "",
         "native engine: decode batch sizes with a captured graph, e.g. 1,8,32,64 ('' = the engine's default)",

@@ -142,7 +142,6 @@ def native_knobs(args) -> dict:
         fuse_weights=not args.no_fuse,
         skip_top_p=not args.no_skip_top_p,
         compile=args.compile,
-        compile_code_predictor=args.compile_code_predictor,
         batched_prefill=not args.no_batched_prefill,
         prefill_max_tokens=args.prefill_max_tokens,
     )
@@ -593,11 +592,6 @@ def parse_args(argv=None):
     )
     # native engine A/B knobs (NativeEngineConfig)
     ap.add_argument("--compile", action="store_true", help="native: torch.compile the per-layer blocks")
-    ap.add_argument(
-        "--compile-code-predictor",
-        action="store_true",
-        help="native: torch.compile the whole code predictor as one graph per batch bucket",
-    )
     ap.add_argument("--no-fuse", action="store_true", help="native: separate q/k/v and gate/up GEMMs")
     ap.add_argument("--no-skip-top-p", action="store_true", help="native: always run the top-p filter")
     ap.add_argument("--exact-math", action="store_true", help="native: fast_math=False (reference op order)")

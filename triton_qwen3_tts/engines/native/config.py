@@ -45,11 +45,6 @@ class NativeEngineConfig:
       ``torch.compile(dynamic=False, fullgraph=True)`` (``compile_backend``, default inductor);
       they are compiled during the graph warm-up, before capture. KV writes and SDPA stay eager;
       prefill stays uncompiled. Meant for CUDA (inductor on CPU needs a C++ compiler).
-    * ``compile_code_predictor``: the code predictor's residual steps as two compiled graphs per
-      batch bucket (``torch.compile``, ``compile_backend``): step 1 and one step-indexed graph for
-      steps 2..15 (attention over all 16 positions, later ones masked; head and embedding picked
-      by index), so inductor fuses each step's five layers, KV writes, head and sampling.
-      Independent of ``compile`` (the talker's blocks); needs ``fast_math``.
     * ``batched_prefill``: the requests admitted in one scheduler round are prefilled together,
       right-padded to one length, in groups of at most ``prefill_max_tokens`` padded rows
       (False: one prefill per request, for A/B timing).
@@ -73,7 +68,6 @@ class NativeEngineConfig:
     skip_top_p: bool = True
     compile: bool = False
     compile_backend: str = "inductor"
-    compile_code_predictor: bool = False
     batched_prefill: bool = True
     prefill_max_tokens: int = 4096
     prefill_graphs: Optional[bool] = None
@@ -109,7 +103,7 @@ class NativeEngineConfig:
             bad("compile_backend", f"must be a torch.compile backend name, got {self.compile_backend!r}")
         if self.prefill_graphs is not None and not isinstance(self.prefill_graphs, bool):
             bad("prefill_graphs", f"must be a bool or None, got {self.prefill_graphs!r}")
-        for f in ("fuse_weights", "skip_top_p", "compile", "compile_code_predictor", "batched_prefill"):
+        for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill"):
             if not isinstance(getattr(self, f), bool):
                 bad(f, f"must be a bool, got {getattr(self, f)!r}")
         if self.fast_math is not None and not isinstance(self.fast_math, bool):

@@ -7,7 +7,6 @@ import torch
 import torch.nn.functional as F
 
 
-from triton_qwen3_tts.engines.base import EngineError
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig
 from triton_qwen3_tts.engines.native.layers import (
     _NEG_INF,
@@ -142,7 +141,6 @@ class NativeModel:
             self._pre, self._post, self._noise, self._samp = (
                 _compiled(f, cfg.compile_backend) for f in (_pre_attn, _post_attn, _gumbel, _sample_ids)
             )
-        self._cp_first = self._cp_next = None
         special = torch.zeros(self.V, dtype=torch.bool, device=dev)
         special[self.cb :] = True
         special[self.eos] = False
@@ -171,19 +169,6 @@ class NativeModel:
             for j, e in enumerate(tables):
                 e.weight = torch.nn.Parameter(self.res_tables[j], requires_grad=False)
             self.res_offsets = torch.arange(self.R, device=dev) * self.cpV
-        if cfg.compile_code_predictor:
-            # the residual heads stacked (the modules keep views of it) and positions 0..15 as
-            # tensors: the compiled residual steps pick the head and position by index
-            heads = talker.code_predictor.lm_head
-            if not self.fast or any(h.bias is not None for h in heads):
-                raise EngineError("compile_code_predictor needs fast_math and bias-free residual heads")
-            with torch.no_grad():
-                self.cp_heads = torch.stack([h.weight.detach() for h in heads])
-            for j, h in enumerate(heads):
-                h.weight = torch.nn.Parameter(self.cp_heads[j], requires_grad=False)
-            self.cp_pos = torch.arange(CP_POSITIONS, device=dev)
-            self._cp_first = _compiled(self._cp_step1, cfg.compile_backend)
-            self._cp_next = _compiled(self._cp_stepj, cfg.compile_backend)
 
     # -- slot management --------------------------------------------------------------------
     def reset_slot(self, s: int) -> None:
@@ -317,81 +302,7 @@ class NativeModel:
 
     # -- step parts ----------------------------------------------------------------------------
     def part_code_predictor(self, B: int) -> None:
-        """(h, c0) -> residual codes; writes ``frames[:B]``. With ``compile_code_predictor``
-        each of its 15 residual steps is one compiled graph (:meth:`_cp_iterations`); otherwise
-        its per-layer blocks run as configured."""
-        if self._cp_first is not None:
-            self._cp_iterations(B)
-        else:
-            self._code_predictor(B, self._pre, self._post, self._noise, self._samp)
-
-    # -- the code predictor as two compiled step functions (compile_code_predictor) ------------
-    def _cp_iterations(self, B: int) -> None:
-        """The code predictor as 1 + 14 calls of two compiled functions, each a whole residual
-        step (5 layers, KV writes, head, sampling): :meth:`_cp_step1` (the 2-row first step)
-        and :meth:`_cp_stepj` (steps 2..15, one shape for all: the step index is a tensor, the
-        attention spans all 16 positions with later ones masked, and the head and embedding
-        table are picked by index from stacked weights), so the compiled graphs are small and
-        two per batch bucket, not one unrolled graph of 75 layer blocks."""
-        sl = slice(0, B)
-        counters = self.frame_idx[sl, None] * CP_POSITIONS + self.res_draws[None]
-        noise = self._noise(self.key[sl], counters, self.colsR)  # [B, 15, KR]
-        c = self._cp_first(B, noise[:, 0])
-        codes = [self.c0[sl], c]
-        for j in range(2, self.R + 1):
-            c = self._cp_next(B, c, self.cp_pos[j], noise[:, j - 1])
-            codes.append(c)
-        self.frames[sl].copy_(torch.stack(codes, dim=1))
-
-    def _cp_sample(self, B: int, x, noise_j, head):
-        sl = slice(0, B)
-        hid = _rms(x[:, -1], self.cp_norm_w, self.cp_norm_eps, self.fast)
-        logits = F.linear(hid, head).float()
-        # residual draws never use top-p (top_p is 1): one top-k + Gumbel-max
-        return _sample_ids(
-            logits, self.sub_greedy[sl], self.sub_temp[sl], self.sub_top_k[sl], None, noise_j, self.KR, False
-        )
-
-    def _cp_step1(self, B: int, noise_j):
-        """Residual step 1: rows ``[h, C(c0)]`` at positions 0, 1 (causal) -> c1 ``[B]``."""
-        tk = self.talker
-        cp = tk.code_predictor
-        sl = slice(0, B)
-        x = cp.small_to_mtp_projection(torch.stack([self.h[sl], tk.model.codec_embedding(self.c0[sl])], dim=1))
-        cos, sin = self.cp_cos[None, 0:2, None], self.cp_sin[None, 0:2, None]
-        for i, ly in enumerate(self.cp_layers):
-            q, k, v = self._qkv(ly, x, cos, sin, _pre_attn)
-            self.cp_k[i, sl, :, 0:2] = k
-            self.cp_v[i, sl, :, 0:2] = v
-            o = self._attend(ly, q, k, v, self.tril2, causal=True)
-            x = self._finish_layer(ly, x, o, _post_attn)
-        return self._cp_sample(B, x, noise_j, self.cp_heads[0])
-
-    def _cp_stepj(self, B: int, c, p, noise_j):
-        """Residual step ``j = p`` (2..15; ``p`` a 0-d int64 tensor): the row ``E_{j-1}(c)`` at
-        position j over the cached positions ``<= j`` -> c_j ``[B]``."""
-        tk = self.talker
-        cp = tk.code_predictor
-        sl = slice(0, B)
-        pv = p.view(1)
-        row = self.res_tables.view(-1, self.D).index_select(0, c + (p - 2) * self.cpV)
-        x = cp.small_to_mtp_projection(row)[:, None]  # [B, 1, Dcp]
-        cos = self.cp_cos.index_select(0, pv)[None, :, None]
-        sin = self.cp_sin.index_select(0, pv)[None, :, None]
-        add_mask = torch.zeros((1, 1, 1, CP_POSITIONS), device=self.device, dtype=self.dtype).masked_fill_(
-            (self.cp_pos > p)[None, None, None], _NEG_INF
-        )
-        for i, ly in enumerate(self.cp_layers):
-            q, k, v = self._qkv(ly, x, cos, sin, _pre_attn)
-            kc, vc = self.cp_k[i, sl], self.cp_v[i, sl]  # [B, kvh, 16, hd]
-            kc.index_copy_(2, pv, k)
-            vc.index_copy_(2, pv, v)
-            o = self._attend(ly, q, kc, vc, add_mask=add_mask)
-            x = self._finish_layer(ly, x, o, _post_attn)
-        head = self.cp_heads.index_select(0, pv - 1)[0]
-        return self._cp_sample(B, x, noise_j, head)
-
-    def _code_predictor(self, B: int, pre, post, noise_fn, samp) -> None:
+        """(h, c0) -> residual codes; writes ``frames[:B]``."""
         tk = self.talker
         cp = tk.code_predictor
         m = cp.model
@@ -400,7 +311,7 @@ class NativeModel:
         sub_greedy, sub_temp, sub_k = self.sub_greedy[sl], self.sub_temp[sl], self.sub_top_k[sl]
         # the noise of all 15 residual draws (counters 16 * frame + j) in one pass
         counters = self.frame_idx[sl, None] * CP_POSITIONS + self.res_draws[None]
-        noise = noise_fn(self.key[sl], counters, self.colsR)  # [B, 15, KR]
+        noise = self._noise(self.key[sl], counters, self.colsR)  # [B, 15, KR]
         x = cp.small_to_mtp_projection(torch.stack([h, tk.model.codec_embedding(c0)], dim=1))
         codes = [c0]
         c = None
@@ -414,17 +325,17 @@ class NativeModel:
                 x = cp.small_to_mtp_projection(m.codec_embedding[j - 2](c))[:, None]
             cos, sin = self.cp_cos[None, p0 : p0 + t, None], self.cp_sin[None, p0 : p0 + t, None]
             for i, ly in enumerate(self.cp_layers):
-                q, k, v = self._qkv(ly, x, cos, sin, pre)
+                q, k, v = self._qkv(ly, x, cos, sin)
                 self.cp_k[i, sl, :, p0 : p0 + t] = k
                 self.cp_v[i, sl, :, p0 : p0 + t] = v
                 o = self._attend(
                     ly, q, self.cp_k[i, sl, :, : p0 + t], self.cp_v[i, sl, :, : p0 + t], allowed, causal=t > 1
                 )
-                x = self._finish_layer(ly, x, o, post)
+                x = self._finish_layer(ly, x, o)
             hid = _rms(x[:, -1], self.cp_norm_w, self.cp_norm_eps, self.fast)
             logits = cp.lm_head[j - 1](hid).float()
             # residual draws never use top-p (top_p is 1): one top-k + Gumbel-max
-            c = samp(logits, sub_greedy, sub_temp, sub_k, None, noise[:, j - 1], self.KR, False)
+            c = self._samp(logits, sub_greedy, sub_temp, sub_k, None, noise[:, j - 1], self.KR, False)
             codes.append(c)
         self.frames[sl].copy_(torch.stack(codes, dim=1))
 

@@ -48,7 +48,6 @@ async def make_engine(cfg: TalkerModelConfig):
             cuda_graphs=not cfg.enforce_eager,
             seed=cfg.seed,
             compile=cfg.native_compile and cfg.device == "cuda",
-            compile_code_predictor=cfg.native_compile_code_predictor and cfg.device == "cuda",
             **extra,
         ),
     )
