@@ -16,7 +16,7 @@
 # RATES (open loop on the same server after the closed loop: Poisson arrivals at these req/s,
 # OPEN_FRAMES-frame clips (default 50, 4 s), OPEN_ARGS default "--duration 15 --warmup 2
 # --streams 64"; its table ends with the capacity line; OPEN_TIMEOUT default 400 s), LEVELS=""
-# (no closed loop).
+# (no closed loop), READY_S (seconds to wait for readiness, default 300).
 # Stage "graphs": scripts/check_stateful_graphs.py (stateful codec's CUDA graphs vs eager), fp32
 # and bf16, on the preset's random decoder.
 set -uo pipefail
@@ -48,7 +48,7 @@ if [[ " $STAGES " == *" service "* ]]; then
   if [ "${PROFILE:-0}" = 1 ]; then export QWEN3_TTS_PROFILE_DIR="$OUT/profiles_$TAG"; fi
   setsid tritonserver --model-repository=/tmp/repo --backend-directory=$TRITON_HOME/triton/backends \
     --allow-gpu-metrics=false --http-port=18000 --grpc-port=18001 --metrics-port=18002 > "$OUT/server_$TAG.log" 2>&1 &
-  for i in $(seq 1 300); do curl -sf localhost:18000/v2/health/ready > /dev/null && break; sleep 1; done
+  for i in $(seq 1 "${READY_S:-300}"); do curl -sf localhost:18000/v2/health/ready > /dev/null && break; sleep 1; done
   curl -sf localhost:18000/v2/health/ready > /dev/null || { echo "server not ready after ${i}s" >&2;
     grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f tritonserver; exit 1; }
   echo "server ready after ${i}s"
