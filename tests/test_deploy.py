@@ -357,7 +357,7 @@ def test_repository_flags_are_settings(variant, tmp_path):
     a.pop("out")
     RepositorySettings(**a).validate()  # each setting's allowed values, and the cross checks
     if pending:
-        pytest.skip(f"{' '.join(pending)}: the builder has no gpus setting in this checkout (issue 19, serving part)")
+        pytest.skip(f"{' '.join(pending)}: the builder has no gpus setting in this checkout yet (multi-GPU serving)")
 
 
 def _launcher_flags() -> str:
@@ -389,7 +389,7 @@ def test_container_args_are_launcher_flags(variant, tmp_path):
             raise AssertionError(f"{variant}: container args {args} do not parse: {err.getvalue()}") from e
     assert rc == 1 and "does not exist" in err.getvalue()
     if gateway:
-        pytest.skip(f"{gateway[0]}: the launcher has no --gateway-port in this checkout (issue 19, gateway part)")
+        pytest.skip(f"{gateway[0]}: the launcher has no --gateway-port in this checkout yet (HTTP gateway)")
 
 
 # ---- the preStop drain script ----------------------------------------------------------------
