@@ -210,8 +210,11 @@ def test_references_resolve(variant):
     refs = [e["configMapRef"]["name"] for e in c.get("envFrom", []) if "configMapRef" in e]
     refs += [v["configMap"]["name"] for v in spec.get("volumes", []) if "configMap" in v]
     assert refs and set(refs) <= configmaps, f"ConfigMaps named {refs}, rendered {configmaps}"
-    volumes = {v["name"] for v in spec["volumes"]}
-    assert {m["name"] for m in c["volumeMounts"]} <= volumes
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert set(mounts.values()) <= set(volumes)
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"  # the Python backend's tensors
+    assert "/cache" in mounts  # docker/entrypoint.sh: QWEN3_TTS_CACHE
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["http"] == 8000 and ports["grpc"] == 8001 and ports["metrics"] == 8002  # docs/docker.md
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
@@ -405,7 +408,8 @@ def _drain_module():
 
 
 class _Metrics:
-    """A local /metrics endpoint whose in-flight gauges come from a list, one entry per read."""
+    """A local /metrics endpoint serving one entry of a list per read: a metrics text, or the two
+    tts instances' in-flight gauges."""
 
     def __init__(self, values):
         self.values, self.reads = list(values), 0
@@ -415,15 +419,18 @@ class _Metrics:
             def do_GET(self):
                 i = min(owner.reads, len(owner.values) - 1)
                 owner.reads += 1
-                a, b = owner.values[i]
-                body = (
-                    "# HELP qwen3_tts_requests_in_flight Requests being served\n"
-                    "# TYPE qwen3_tts_requests_in_flight gauge\n"
-                    f'qwen3_tts_requests_in_flight{{instance="tts_0",model="tts"}} {a}\n'
-                    f'qwen3_tts_requests_in_flight{{instance="tts_1",model="tts"}} {b}\n'
-                    "# HELP nv_inference_count Number of inferences\n# TYPE nv_inference_count counter\n"
-                    'nv_inference_count{model="tts",version="1"} 7\n'
-                ).encode()
+                body = owner.values[i]
+                if not isinstance(body, str):
+                    a, b = body
+                    body = (
+                        "# HELP qwen3_tts_requests_in_flight Requests being served\n"
+                        "# TYPE qwen3_tts_requests_in_flight gauge\n"
+                        f'qwen3_tts_requests_in_flight{{instance="tts_0",model="tts"}} {a}\n'
+                        f'qwen3_tts_requests_in_flight{{instance="tts_1",model="tts"}} {b}\n'
+                        "# HELP nv_inference_count Number of inferences\n# TYPE nv_inference_count counter\n"
+                        'nv_inference_count{model="tts",version="1"} 7\n'
+                    )
+                body = body.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
@@ -450,6 +457,25 @@ def test_drain_waits_for_every_stream():
         with redirect_stdout(out):
             rc = drain.main(["--metrics-url", m.url, "--delay", "0", "--poll", "0.01", "--timeout", "60"])
         assert rc == 0 and m.reads == 3 and "no stream in flight" in out.getvalue()
+    finally:
+        m.close()
+
+
+def test_drain_reads_real_triton_metrics():
+    """Metrics recorded from real tritonserver runs (docs/bench): the drain's sum equals the
+    in-flight lines' sum, and Triton's other metric families do not trip the parser."""
+    drain = _drain_module()
+    dumps = sorted((ROOT / "docs" / "bench").glob("**/metrics*.txt"))
+    texts = [p.read_text() for p in dumps]
+    texts = [t for t in texts if "qwen3_tts_requests_in_flight{" in t]
+    assert texts, "no recorded metrics with the in-flight gauge under docs/bench"
+    expected = [
+        sum(float(v) for v in re.findall(r"^qwen3_tts_requests_in_flight\{[^}]*\} (\S+)$", t, re.M)) for t in texts
+    ]
+    assert any(expected), "every recorded dump has 0 in flight: the sum is not exercised"
+    m = _Metrics(texts)
+    try:
+        assert [drain.in_flight(m.url, "qwen3_tts_requests_in_flight") for _ in texts] == expected
     finally:
         m.close()
 
