@@ -42,6 +42,7 @@ TOP = {
     PKG,
     ".ci",
     "benchmark",
+    "deploy",
     "docker",
     "docs",
     "export",
