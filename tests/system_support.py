@@ -62,8 +62,9 @@ def make_reference(checkpoint):
     talker = ck.model.talker
     cache = {}
 
-    def ref(text, speaker="aiden", language="auto", frames=40):
-        key = (text, speaker, language, frames)
+    def ref(text, speaker="aiden", language="auto", frames=40, **sampling):
+        """``sampling``: SamplingParams overrides (e.g. ``repetition_penalty``), still greedy."""
+        key = (text, speaker, language, frames, tuple(sorted(sampling.items())))
         if key not in cache:
             layout = build_prompt(
                 ck.config,
@@ -77,7 +78,7 @@ def make_reference(checkpoint):
                 pe,
                 tr,
                 pad,
-                SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1),
+                SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=frames + 1, **sampling),
             )
             with torch.no_grad():
                 audio = ck.decoder.decode(codes[None])[0].numpy()

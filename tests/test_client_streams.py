@@ -287,6 +287,29 @@ def test_cli_help_lists_the_allowed_values(capsys):
         assert value in text, value
 
 
+def test_client_inputs_are_the_tts_inputs():
+    """The client sends every tts input with the datatype of the tts model's config."""
+    from triton_qwen3_tts.serving.tts.request import TTS_INPUTS
+
+    assert cl._INPUT_TYPES == {name: dtype for name, (dtype, _) in TTS_INPUTS.items()}
+
+
+def test_cli_sends_the_sampling_flags(monkeypatch, tmp_path):
+    sent = {}
+
+    def fake(url, timeout=300.0, **kw):
+        sent.update(kw)
+        raise cl.TtsError("[INVALID_ARG] stop here")
+
+    monkeypatch.setattr(cl, "synthesize_http", fake)
+    args = ["--text", "Hi", "--http", "--out", str(tmp_path / "o.wav"), "--top-p", "0.8"]
+    args += ["--repetition-penalty", "1.2", "--subtalker-temperature", "0", "--subtalker-top-k", "9"]
+    args += ["--subtalker-top-p", "0.5"]
+    assert cl.main(args) == 1
+    assert (sent["top_p"], sent["repetition_penalty"], sent["subtalker_temperature"]) == (0.8, 1.2, 0.0)
+    assert (sent["subtalker_top_k"], sent["subtalker_top_p"], sent["temperature"]) == (9, 0.5, None)
+
+
 def test_cli_grpc_server_error_is_one_line(fake, capsys, tmp_path):
     FakeStream.script = {"Hi": "fail"}
     assert cl.main(["--text", "Hi", "--speaker", "bob", "--url", URL, "--out", str(tmp_path / "o.wav")]) == 1

@@ -10,7 +10,7 @@ import pytest
 
 from triton_qwen3_tts.model import presets
 from triton_qwen3_tts.model.config import Qwen3TTSConfig
-from triton_qwen3_tts.engines.base import EngineError, check_prompt_frames_trailing
+from triton_qwen3_tts.engines.base import EngineError, check_prompt_frames_trailing, check_sampling_fields
 from triton_qwen3_tts.model.prompt import PromptError, validate_request
 from triton_qwen3_tts.serving.tts.admission import Overloaded
 from triton_qwen3_tts.serving.errors import (
@@ -250,6 +250,81 @@ def test_talker_max_frames_refusal_reaches_the_client_once():
     assert client.startswith("[INVALID_ARG] max_frames: max_frames=100 exceeds"), client
     assert client.count("max_frames:") == 1 and client.count("[") == 1 and "talker" not in client, client
     assert talker.aborted and svc.admission.in_flight == 0
+
+
+class SamplingEngine(FakeEngine):
+    """Records each request and refuses sampling as the native engine does (candidate limit 64)."""
+
+    def __init__(self):
+        self.reqs = []
+
+    async def synthesize(self, req):
+        check_sampling_fields(req, TINY.talker.vocab_size, 2048, max_top_k=64)
+        self.reqs.append(req)
+        async for f in super().synthesize(req):
+            yield f
+
+
+def _tts_over_bls(engine):
+    talker = TalkerOverBLS()
+    talker.service.engine = engine
+    return talker, TtsService(TtsModelConfig(checkpoint="/x"), TINY, talker, FakeCodec())
+
+
+def test_tts_sampling_inputs_reach_the_engine():
+    """Every generation control of a tts request arrives in the engine's TalkerRequest, through
+    the talker's inputs (the BLS hop): codebook 0 and, separately, the code predictor."""
+    engine = SamplingEngine()
+    _, svc = _tts_over_bls(engine)
+    inputs = {
+        "text": np.array([b"hello"], dtype=object),
+        "max_frames": np.array([2], np.int32),
+        "temperature": np.array([0.5], np.float32),
+        "top_k": np.array([40], np.int32),
+        "top_p": np.array([0.75], np.float32),
+        "repetition_penalty": np.array([1.25], np.float32),
+        "subtalker_temperature": np.array([0.0], np.float32),
+        "subtalker_top_k": np.array([8], np.int32),
+        "subtalker_top_p": np.array([0.5], np.float32),
+    }
+    send = Sender()
+    asyncio.run(svc.handle(inputs, send))
+    assert send.items[-1][0] != "error", send.items
+    (r,) = engine.reqs
+    assert (r.greedy, r.temperature, r.top_k, r.top_p, r.repetition_penalty) == (False, 0.5, 40, 0.75, 1.25)
+    assert (r.sub_greedy, r.sub_top_k, r.sub_top_p) == (True, 8, 0.5)
+    # left out: the checkpoint's defaults (here the official ones); subtalker_* follow temperature
+    engine.reqs.clear()
+    inputs = {"text": np.array([b"hello"], dtype=object), "max_frames": np.array([2], np.int32)}
+    asyncio.run(svc.handle({**inputs, "temperature": np.array([0.0], np.float32)}, Sender()))
+    asyncio.run(svc.handle(inputs, Sender()))
+    greedy, default = engine.reqs
+    assert (greedy.greedy, greedy.sub_greedy) == (True, True)
+    assert (default.greedy, default.temperature, default.top_k, default.top_p, default.repetition_penalty) == (
+        False,
+        pytest.approx(0.9),
+        50,
+        1.0,
+        pytest.approx(1.05),
+    )
+    assert (default.sub_greedy, default.sub_temperature, default.sub_top_k, default.sub_top_p) == (
+        False,
+        pytest.approx(0.9),
+        50,
+        1.0,
+    )
+
+
+@pytest.mark.parametrize("name", ["top_k", "subtalker_top_k"])
+def test_engine_top_k_limit_reaches_the_client_naming_the_input(name):
+    _, svc = _tts_over_bls(SamplingEngine())
+    send = Sender()
+    inputs = {"text": np.array([b"hello"], dtype=object), name: np.array([65], np.int32)}
+    asyncio.run(svc.handle(inputs, send))
+    assert len(send.items) == 1 and send.items[0][0] == "error", send.items
+    err = send.items[0][1]
+    assert error_code_name(err) == "INVALID_ARG" and err.field == name
+    assert f"{name} must be in [1, 64]" in str(err), str(err)
 
 
 class _FakeTritonError:

@@ -399,11 +399,13 @@ def test_limits_refused(engine, ref, loop):
         async for _ in engine.synthesize(req):
             break
 
-    def bad(match, **kw):
+    def bad(match, field=None, **kw):
         args = dict(request_id="bad", prompt_embeds=torch.zeros(4, d), max_frames=4)
         args.update(kw)
-        with pytest.raises(EngineError, match=match):
+        with pytest.raises(EngineError, match=match) as e:
             loop.run_until_complete(first(TalkerRequest(**args)))
+        if field is not None:  # the talker/tts input the refusal names (INVALID_ARG's field)
+            assert e.value.field == field
 
     bad("too long", prompt_embeds=torch.zeros(MAX_LEN - 1, d))
     bad("exceeds max_model_len", max_frames=MAX_LEN - 4)
@@ -411,7 +413,12 @@ def test_limits_refused(engine, ref, loop):
     bad("max_trailing_tokens", trailing=torch.zeros(17, d))
     bad("max_frames", max_frames=0)
     bad("temperature", temperature=0.0)
-    bad("max_top_k", top_k=100)
+    bad(r"top_k must be in \[1, 64\].*max_top_k", "top_k", top_k=100)
+    bad(r"subtalker_top_k must be in \[1, 64\]", "subtalker_top_k", sub_top_k=65)
+    bad("subtalker_temperature", "subtalker_temperature", sub_temperature=0.0)
+    bad("subtalker_top_p", "subtalker_top_p", sub_top_p=0.0)
+    bad("top_p", "top_p", top_p=1.5)
+    bad("repetition_penalty", "repetition_penalty", repetition_penalty=0.0)
     # the longest allowed request runs
     got = loop.run_until_complete(
         _collect(

@@ -194,3 +194,24 @@ def test_gumbel_from_bits_is_finite_at_the_extremes():
     logits[:, 2] = 0.0  # the only allowed id
     noise = gumbel_from_bits(torch.tensor([[2**24 - 1] * 4] * 5))
     assert (logits + noise).argmax(-1).tolist() == [2] * 5
+
+
+def test_talker_request_from_sampling_keeps_every_field():
+    from triton_qwen3_tts.engines.base import TalkerRequest
+
+    p = SamplingParams(
+        temperature=0.7,
+        top_k=20,
+        top_p=0.8,
+        repetition_penalty=1.3,
+        subtalker_dosample=False,
+        subtalker_temperature=0.6,
+        subtalker_top_k=9,
+        subtalker_top_p=0.4,
+        max_new_tokens=11,
+        seed=5,
+    )
+    r = TalkerRequest.from_sampling("r", None, None, p)
+    assert (r.greedy, r.temperature, r.top_k, r.top_p, r.repetition_penalty) == (False, 0.7, 20, 0.8, 1.3)
+    assert (r.sub_greedy, r.sub_temperature, r.sub_top_k, r.sub_top_p) == (True, 0.6, 9, 0.4)
+    assert (r.max_frames, r.seed) == (10, 5)

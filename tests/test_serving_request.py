@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from triton_qwen3_tts.serving.tts.request import RequestError, TtsLimits, parse_tts_request
+from triton_qwen3_tts.model.config import GenerationDefaults
+from triton_qwen3_tts.serving.tts.request import RequestError, Sampling, TtsLimits, parse_tts_request
 
 
 def b(s):
@@ -27,7 +28,9 @@ def test_defaults():
         "float32",
         True,
     )
-    assert (r.temperature, r.top_k, r.max_frames, r.seed, r.ignore_eos) == (0.9, 50, 80, None, False)
+    assert (r.max_frames, r.seed, r.ignore_eos) == (80, None, False)
+    # the official generation_config.json (talker and code predictor)
+    assert r.sampling == Sampling(0.9, 50, 1.0, 1.05, 0.9, 50, 1.0)
 
 
 def test_values_are_normalised():
@@ -50,7 +53,7 @@ def test_values_are_normalised():
         "int16",
         False,
     )
-    assert (r.temperature, r.top_k, r.seed, r.max_frames) == (0.0, 3, 7, 5)
+    assert (r.sampling.temperature, r.sampling.top_k, r.seed, r.max_frames) == (0.0, 3, 7, 5)
 
 
 @pytest.mark.parametrize(
@@ -68,6 +71,23 @@ def test_values_are_normalised():
         (dict(text=b("a"), temperature=np.array([-1.0], np.float32)), "temperature", ">= 0"),
         (dict(text=b("a"), temperature=np.array([np.nan], np.float32)), "temperature", "finite"),
         (dict(text=b("a"), top_k=np.array([0], np.int32)), "top_k", "[1, 2048]"),
+        (dict(text=b("a"), top_k=np.array([2049], np.int32)), "top_k", "[1, 2048]"),
+        (dict(text=b("a"), top_p=np.array([0.0], np.float32)), "top_p", "(0, 1]"),
+        (dict(text=b("a"), top_p=np.array([1.5], np.float32)), "top_p", "(0, 1]"),
+        (dict(text=b("a"), top_p=np.array([np.nan], np.float32)), "top_p", "(0, 1]"),
+        (dict(text=b("a"), top_p=np.array([1], np.int32)), "top_p", "float"),
+        (dict(text=b("a"), repetition_penalty=np.array([0.0], np.float32)), "repetition_penalty", "> 0"),
+        (dict(text=b("a"), repetition_penalty=np.array([-1.1], np.float32)), "repetition_penalty", "> 0"),
+        (dict(text=b("a"), repetition_penalty=np.array([np.inf], np.float32)), "repetition_penalty", "finite"),
+        (dict(text=b("a"), subtalker_temperature=np.array([-0.5], np.float32)), "subtalker_temperature", ">= 0"),
+        (dict(text=b("a"), subtalker_temperature=np.array([np.inf], np.float32)), "subtalker_temperature", "finite"),
+        (dict(text=b("a"), subtalker_top_k=np.array([0], np.int32)), "subtalker_top_k", "[1, 2048]"),
+        (dict(text=b("a"), subtalker_top_k=np.array([4096], np.int32)), "subtalker_top_k", "[1, 2048]"),
+        (dict(text=b("a"), subtalker_top_k=np.array([5.0], np.float32)), "subtalker_top_k", "integer"),
+        (dict(text=b("a"), subtalker_top_p=np.array([0.0], np.float32)), "subtalker_top_p", "(0, 1]"),
+        (dict(text=b("a"), subtalker_top_p=np.array([1.01], np.float32)), "subtalker_top_p", "(0, 1]"),
+        # a talker value that follows into the code predictor is named as given
+        (dict(text=b("a"), top_p=np.array([2.0], np.float32)), "top_p", "(0, 1]"),
         (dict(text=b("a"), max_frames=np.array([0], np.int32)), "max_frames", "[1, 100]"),
         (dict(text=b("a"), max_frames=np.array([101], np.int32)), "max_frames", "[1, 100]"),
         (dict(text=np.array([b"a", b"b"], dtype=object)), "text", "shape [1]"),
@@ -128,3 +148,57 @@ def test_limits_validate_themselves():
         TtsLimits(default_task_type="Nope")
     with pytest.raises(ValueError):
         TtsLimits(default_max_frames=10, max_frames_limit=5)
+
+
+def test_sampling_inputs_each_set():
+    r = parse(
+        text=b("Hi"),
+        temperature=np.array([0.7], np.float32),
+        top_k=np.array([30], np.int32),
+        top_p=np.array([0.8], np.float32),
+        repetition_penalty=np.array([1.2], np.float32),
+        subtalker_temperature=np.array([0.0], np.float32),
+        subtalker_top_k=np.array([7], np.int32),
+        subtalker_top_p=np.array([0.5], np.float32),
+    )
+    got = r.sampling
+    assert (got.temperature, got.top_k, got.repetition_penalty, got.subtalker_temperature, got.subtalker_top_k) == (
+        pytest.approx(0.7),
+        30,
+        pytest.approx(1.2),
+        0.0,
+        7,
+    )
+    assert (got.top_p, got.subtalker_top_p) == (pytest.approx(0.8), 0.5)
+
+
+def test_subtalker_follows_the_requests_talker_values():
+    """A left-out subtalker_* takes the request's own talker value when it gives one (temperature
+    0 stays greedy for both stages), else the default; a given one stands alone."""
+    r = parse(text=b("Hi"), temperature=np.array([0.0], np.float32), top_k=np.array([5], np.int32))
+    assert (r.sampling.subtalker_temperature, r.sampling.subtalker_top_k, r.sampling.subtalker_top_p) == (0.0, 5, 1.0)
+    r = parse(text=b("Hi"), top_p=np.array([0.5], np.float32), subtalker_top_k=np.array([9], np.int32))
+    assert (r.sampling.subtalker_top_p, r.sampling.subtalker_top_k, r.sampling.top_k) == (0.5, 9, 50)
+    r = parse(text=b("Hi"), temperature=np.array([0.0], np.float32), subtalker_temperature=np.array([0.6], np.float32))
+    assert (r.sampling.temperature, r.sampling.subtalker_temperature) == (0.0, pytest.approx(0.6))
+
+
+def test_sampling_defaults_from_the_checkpoint_generation_config():
+    from triton_qwen3_tts.serving.model_config import TtsModelConfig
+
+    gen = GenerationDefaults(
+        temperature=0.8,
+        top_k=40,
+        top_p=0.95,
+        repetition_penalty=1.1,
+        subtalker_temperature=0.7,
+        subtalker_top_k=30,
+        subtalker_top_p=0.9,
+        subtalker_dosample=False,
+    )
+    lim = TtsModelConfig(checkpoint="/x").limits("CustomVoice", gen)
+    r = parse_tts_request({"text": b("Hi"), "speaker": b("vivian")}, lim)
+    # subtalker_dosample false: the code predictor is greedy (temperature 0)
+    assert r.sampling == Sampling(0.8, 40, 0.95, 1.1, 0.0, 30, 0.9)
+    with pytest.raises(ValueError, match="default_top_p"):
+        TtsLimits(default_top_p=0.0)

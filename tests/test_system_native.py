@@ -7,6 +7,8 @@ max_text_chars 2000, max_instruct_chars 1000) and the talker context the builder
 max_position_embeddings): every value the README allows is served, and errors keep their field.
 """
 
+import re
+
 import numpy as np
 import pytest
 from system_support import make_reference, metric, start_tts_server, synth
@@ -44,6 +46,20 @@ def test_greedy_stream_equals_reference_whole_decode(server, tiny_checkpoint):
     assert chunks[0] == 2
     # frame coalescing: at most one talker response per tts chunk, not one per engine step
     assert 1 <= talker_responses <= len(chunks) < sum(chunks), (talker_responses, chunks)
+
+
+def test_sampling_inputs_reach_both_stages(server, tiny_checkpoint):
+    """As test_system_tts's test of the same name, on the native engine: top-k 1 on both stages
+    (any temperature, top-p) with a repetition penalty of 3 is the greedy reference under that
+    penalty; a sampling code predictor (subtalker_top_k 50, subtalker_top_p 0.9) is not greedy."""
+    ref = make_reference(tiny_checkpoint)
+    _, whole3 = ref(TEXT, frames=30, repetition_penalty=3.0)
+    one = dict(temperature=0.7, top_k=1, top_p=0.9, subtalker_temperature=1.3, subtalker_top_k=1, subtalker_top_p=0.5)
+    r = synth(server, text=TEXT, speaker="aiden", seed=3, max_frames=30, repetition_penalty=3.0, **one)
+    np.testing.assert_allclose(r.audio, whole3, atol=1e-4, rtol=0)
+    sub = {**one, "subtalker_top_k": 50, "subtalker_top_p": 0.9}
+    r = synth(server, text=TEXT, speaker="aiden", seed=3, max_frames=30, repetition_penalty=3.0, **sub)
+    assert r.audio.shape == whole3.shape and np.max(np.abs(r.audio - whole3)) > 1e-3
 
 
 def first_response(server, **kw):
@@ -89,11 +105,13 @@ def test_over_limit_errors_name_their_field_once(server):
     assert "[INVALID_ARG] max_frames: must be in [1, 4096], got 4097" in msg
     # refused by the talker (the native engine keeps at most max_top_k=64 candidates) and passed
     # through the BLS hop: the talker's code and field, once, no "talker:" wrapping
-    with pytest.raises(TtsError) as e:
-        first_response(server, text="hi", top_k=100)
-    msg = str(e.value)
-    assert e.value.code == "INVALID_ARG" and msg.count("[INVALID_ARG]") == 1, msg
-    assert "[INVALID_ARG] top_k: top_k=100 > max_top_k=64" in msg and "talker" not in msg, msg
+    for name in ("top_k", "subtalker_top_k"):
+        with pytest.raises(TtsError) as e:
+            first_response(server, text="hi", **{name: 100})
+        msg = str(e.value)
+        assert e.value.code == "INVALID_ARG" and msg.count("[INVALID_ARG]") == 1, msg
+        assert f"[INVALID_ARG] {name}: {name} must be in [1, 64]" in msg, msg
+        assert not re.search(r"\btalker\b", msg), msg  # no "talker:" wrapping
     # the talker itself, asked for more frames than its context holds: code and field, once
     with StreamingClient(server.grpc_url, model="talker") as c:
         rid = c.send_raw(

@@ -105,6 +105,23 @@ def test_non_stream_and_int16(server, reference):
     assert np.max(np.abs(r16.audio.astype(np.int32) - expected)) <= 4  # 1e-4 of full scale
 
 
+def test_sampling_inputs_reach_both_stages(server, reference):
+    """The generation controls reach the engine through the talker, per stage: top-k 1 sampling
+    is greedy whatever the temperature and top-p, so with it on both stages the audio is the
+    greedy reference's; with a repetition penalty of 3 it is the greedy reference's under that
+    penalty; with the code predictor sampling (subtalker_top_k 50) it is not greedy."""
+    one = dict(temperature=0.7, top_k=1, top_p=0.9, subtalker_temperature=1.3, subtalker_top_k=1, subtalker_top_p=0.5)
+    _, whole = reference(TEXT, frames=30)
+    r = synth(server, text=TEXT, speaker="aiden", seed=3, max_frames=30, **one)
+    np.testing.assert_allclose(r.audio, whole, atol=1e-4, rtol=0)
+    codes3, whole3 = reference(TEXT, frames=30, repetition_penalty=3.0)
+    assert not np.array_equal(codes3, reference(TEXT, frames=30)[0])  # the penalty matters here
+    r = synth(server, text=TEXT, speaker="aiden", seed=3, max_frames=30, repetition_penalty=3.0, **one)
+    np.testing.assert_allclose(r.audio, whole3, atol=1e-4, rtol=0)
+    r = synth(server, text=TEXT, speaker="aiden", seed=3, max_frames=30, **{**one, "subtalker_top_k": 50})
+    assert r.audio.shape == whole.shape and np.max(np.abs(r.audio - whole)) > 1e-3
+
+
 def test_concurrent_streams_are_correct_and_batch_in_the_codec(server, reference):
     jobs = [
         (f"Sentence number {i} for the concurrency test.", spk)
@@ -172,6 +189,9 @@ BAD = [
     (dict(text="hi", temperature=-1.0), "temperature"),
     (dict(text="hi", temperature=float("nan")), "temperature"),
     (dict(text="hi", top_k=0), "top_k"),
+    (dict(text="hi", top_p=1.5), "top_p"),
+    (dict(text="hi", repetition_penalty=0.0), "repetition_penalty"),
+    (dict(text="hi", subtalker_top_k=0), "subtalker_top_k"),
     (dict(text="hi", max_frames=0), "max_frames"),
     (dict(text="hi", max_frames=401), "max_frames"),
 ]

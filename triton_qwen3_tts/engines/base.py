@@ -14,7 +14,14 @@ from typing import Optional
 
 from triton_qwen3_tts.model.config import GenerationDefaults
 
-__all__ = ["NUM_CHANNEL", "SUPPRESS_START", "EngineError", "TalkerRequest", "check_prompt_frames_trailing"]
+__all__ = [
+    "NUM_CHANNEL",
+    "SUPPRESS_START",
+    "EngineError",
+    "TalkerRequest",
+    "check_prompt_frames_trailing",
+    "check_sampling_fields",
+]
 
 NUM_CHANNEL = 16  # codebooks per codec frame
 # sampling defaults: the official generation_config.json (model/config.py GenerationDefaults)
@@ -72,13 +79,47 @@ def check_prompt_frames_trailing(req: "TalkerRequest", hidden: int, max_model_le
     return pe, tr
 
 
+def check_sampling_fields(req: "TalkerRequest", vocab: int, sub_vocab: int, max_top_k: Optional[int] = None) -> None:
+    """The sampling settings both engines check before scheduling; each refusal names the
+    `talker`/`tts` input it comes from (``subtalker_*`` for the code predictor's ``sub_*``).
+    ``vocab``/``sub_vocab``: codebook-0 and residual vocabulary sizes (a larger top-k keeps every
+    id); ``max_top_k``: the engine's candidate limit (the native engine samples among its top
+    ``max_top_k`` ids), None = no limit."""
+    sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
+    for field, v, greedy in (
+        ("temperature", req.temperature, req.greedy),
+        ("subtalker_temperature", req.sub_temperature, sub_greedy),
+    ):
+        if not greedy and not (_is_number(v) and math.isfinite(v) and v > 0):
+            raise EngineError(f"{field} must be a finite number > 0 unless greedy, got {v!r}", field=field)
+    for field, v, size in (("top_k", req.top_k, vocab), ("subtalker_top_k", req.sub_top_k, sub_vocab)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise EngineError(f"{field} must be an int >= 1, got {v!r}", field=field)
+        if max_top_k is not None and max_top_k < size and v > max_top_k:
+            raise EngineError(
+                f"{field} must be in [1, {max_top_k}] on this engine (it samples among its top "
+                f"max_top_k={max_top_k} candidates), got {v}",
+                field=field,
+            )
+    for field, v in (("top_p", req.top_p), ("subtalker_top_p", req.sub_top_p)):
+        if not (_is_number(v) and 0 < v <= 1):
+            raise EngineError(f"{field} must be in (0, 1], got {v!r}", field=field)
+    rp = req.repetition_penalty
+    if not (_is_number(rp) and math.isfinite(rp) and rp > 0):
+        raise EngineError(f"repetition_penalty must be a finite number > 0, got {rp!r}", field="repetition_penalty")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 @dataclass
 class TalkerRequest:
     """One talker generation. ``prompt_embeds [L, D]`` and ``trailing [N, D]`` (may be empty).
 
     Codebook 0: ``temperature``/``top_k``/``top_p``/``repetition_penalty``/``min_new_tokens``,
-    ``greedy`` overrides to argmax. Residual codebooks: ``sub_*`` (``sub_greedy=None`` follows
-    ``greedy``). ``seed`` drives the hashed noise of all 16 codebooks; ``None``: one random
+    ``greedy`` overrides to argmax. Residual codebooks: ``sub_*`` (the official ``subtalker_*``;
+    ``sub_greedy=None`` follows ``greedy``). ``seed`` drives the hashed noise of all 16 codebooks; ``None``: one random
     63-bit draw per request.
     ``max_frames``: frames to produce at most (EOS may stop earlier).
     """
@@ -96,6 +137,7 @@ class TalkerRequest:
     sub_greedy: Optional[bool] = None
     sub_temperature: float = _GEN.subtalker_temperature
     sub_top_k: int = _GEN.subtalker_top_k
+    sub_top_p: float = _GEN.subtalker_top_p
     seed: Optional[int] = None
     suppress_eos: bool = False  # benchmarks: never stop on EOS
 
@@ -122,5 +164,6 @@ class TalkerRequest:
             sub_greedy=not sub_sample,
             sub_temperature=float(g("subtalker_temperature", _GEN.subtalker_temperature)),
             sub_top_k=int(g("subtalker_top_k", _GEN.subtalker_top_k)),
+            sub_top_p=float(g("subtalker_top_p", _GEN.subtalker_top_p)),
             seed=seed if seed is not None else g("seed", None),
         )

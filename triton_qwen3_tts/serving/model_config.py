@@ -17,7 +17,7 @@ from triton_qwen3_tts.model.config import GenerationDefaults
 
 from triton_qwen3_tts.serving.settings import choices, default
 from triton_qwen3_tts.serving.tts.admission import AdmissionConfig
-from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES, TtsLimits
+from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES, Sampling, TtsLimits
 from triton_qwen3_tts.serving.tts.voice import MAX_VOICE_CACHE_SIZE
 
 T = TypeVar("T")
@@ -337,14 +337,20 @@ class TtsModelConfig:
         """The request limits and defaults; sampling defaults not set here come from ``generation``
         (the checkpoint's ``generation_config.json``; None: the official wrapper's defaults)."""
         generation = generation or GenerationDefaults()
+        gs = Sampling.from_generation(generation)
         return TtsLimits(
             default_task_type=self.default_task_type or checkpoint_task_type,
             default_speaker=self.default_speaker.lower() or None,
             default_language=self.default_language.lower(),
             default_sample_format=self.default_sample_format,
             default_stream=self.default_stream,
-            default_temperature=generation.temperature if self.default_temperature < 0 else self.default_temperature,
-            default_top_k=generation.top_k if self.default_top_k == 0 else self.default_top_k,
+            default_temperature=gs.temperature if self.default_temperature < 0 else self.default_temperature,
+            default_top_k=gs.top_k if self.default_top_k == 0 else self.default_top_k,
+            default_top_p=gs.top_p,
+            default_repetition_penalty=gs.repetition_penalty,
+            default_subtalker_temperature=gs.subtalker_temperature,
+            default_subtalker_top_k=gs.subtalker_top_k,
+            default_subtalker_top_p=gs.subtalker_top_p,
             default_max_frames=self.default_max_frames,
             max_frames_limit=self.max_frames_limit,
             max_text_chars=self.max_text_chars,

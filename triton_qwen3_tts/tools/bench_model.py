@@ -340,7 +340,7 @@ def profile_step(args) -> dict:
     parts = {
         "full": lambda b: m.step(b, C, tp),
         "talker": lambda b: m.part_talker(b, C),
-        "code_predictor": lambda b: m.part_code_predictor(b),
+        "code_predictor": lambda b: m.part_code_predictor(b, tp),
         "sampling": lambda b: m.part_sample(b, tp),
     }
     rows = []

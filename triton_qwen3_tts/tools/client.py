@@ -46,6 +46,11 @@ _INPUT_TYPES = {
     "stream": "BOOL",
     "temperature": "FP32",
     "top_k": "INT32",
+    "top_p": "FP32",
+    "repetition_penalty": "FP32",
+    "subtalker_temperature": "FP32",
+    "subtalker_top_k": "INT32",
+    "subtalker_top_p": "FP32",
     "seed": "INT64",
     "max_frames": "INT32",
     "ignore_eos": "BOOL",
@@ -443,8 +448,16 @@ def main(argv=None) -> int:
         + f" (default {allowed['default_sample_format']})",
     )
     p.add_argument("--no-stream", action="store_true", help="one response with the whole utterance")
-    p.add_argument("--temperature", type=float)
-    p.add_argument("--top-k", type=int)
+    # the official generation controls (default: the checkpoint's generation_config.json)
+    p.add_argument("--temperature", type=float, help="talker (codebook 0); 0 = greedy")
+    p.add_argument("--top-k", type=int, help="talker top-k")
+    p.add_argument("--top-p", type=float, help="talker top-p, in (0, 1]")
+    p.add_argument("--repetition-penalty", type=float, help="on the codebook-0 codes already generated; 1 = off")
+    p.add_argument(
+        "--subtalker-temperature", type=float, help="code predictor (codebooks 1-15); default: --temperature"
+    )
+    p.add_argument("--subtalker-top-k", type=int, help="code predictor top-k; default: --top-k")
+    p.add_argument("--subtalker-top-p", type=float, help="code predictor top-p; default: --top-p")
     p.add_argument("--seed", type=int)
     p.add_argument("--max-frames", type=int)
     p.add_argument("--ignore-eos", action="store_true", help="fixed length: always generate max_frames")
@@ -460,6 +473,11 @@ def main(argv=None) -> int:
         sample_format=a.sample_format,
         temperature=a.temperature,
         top_k=a.top_k,
+        top_p=a.top_p,
+        repetition_penalty=a.repetition_penalty,
+        subtalker_temperature=a.subtalker_temperature,
+        subtalker_top_k=a.subtalker_top_k,
+        subtalker_top_p=a.subtalker_top_p,
         seed=a.seed,
         max_frames=a.max_frames,
     )

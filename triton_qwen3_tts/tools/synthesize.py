@@ -30,8 +30,14 @@ def main(argv=None) -> int:
     p.add_argument("--x-vector-only", action="store_true")
     p.add_argument("--max-frames", type=int, default=None, help="default: the checkpoint's max_new_tokens")
     p.add_argument("--greedy", action="store_true")
+    # the official generation kwargs (default: the checkpoint's generation_config.json)
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-k", type=int)
+    p.add_argument("--top-p", type=float)
+    p.add_argument("--repetition-penalty", type=float)
+    p.add_argument("--subtalker-temperature", type=float)
+    p.add_argument("--subtalker-top-k", type=int)
+    p.add_argument("--subtalker-top-p", type=float)
     p.add_argument("--seed", type=int)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -86,7 +92,9 @@ def main(argv=None) -> int:
     with torch.no_grad():
         pe, tr = embed_prompt(layout, talker, speaker_vec)
         pad = talker.embed_text([ck.config.tts_pad_token_id])[0]
-    over = {k: v for k, v in dict(temperature=a.temperature, top_k=a.top_k, seed=a.seed).items() if v is not None}
+    names = ("temperature", "top_k", "top_p", "repetition_penalty", "seed")
+    names += ("subtalker_temperature", "subtalker_top_k", "subtalker_top_p")
+    over = {k: getattr(a, k) for k in names if getattr(a, k) is not None}
     if a.greedy:
         over.update(do_sample=False, subtalker_dosample=False)
     if a.max_frames:

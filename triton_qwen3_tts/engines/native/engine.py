@@ -55,7 +55,6 @@ Imports neither vLLM nor Triton.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 from collections import deque
@@ -66,7 +65,12 @@ from typing import AsyncIterator, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from triton_qwen3_tts.engines.base import EngineError, TalkerRequest, check_prompt_frames_trailing
+from triton_qwen3_tts.engines.base import (
+    EngineError,
+    TalkerRequest,
+    check_prompt_frames_trailing,
+    check_sampling_fields,
+)
 
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig
 from triton_qwen3_tts.engines.native.model import NativeModel
@@ -101,7 +105,10 @@ class _Req:
 
     @property
     def uses_top_p(self) -> bool:
-        return not self.req.greedy and self.req.top_p < 1.0
+        """Whether a draw of this request (codebook 0 or a residual) needs the top-p filter."""
+        r = self.req
+        sub_greedy = r.greedy if r.sub_greedy is None else r.sub_greedy
+        return (not r.greedy and r.top_p < 1.0) or (not sub_greedy and r.sub_top_p < 1.0)
 
 
 _END = object()
@@ -217,20 +224,8 @@ class NativeEngine:
         if not isinstance(req.request_id, str) or not req.request_id:
             raise EngineError("request_id must be a non-empty string")
         pe, tr = check_prompt_frames_trailing(req, self.model.D, c.max_model_len, c.max_trailing_tokens)
-        sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
-        if not (sub_greedy or (req.sub_temperature > 0 and math.isfinite(req.sub_temperature))):
-            raise EngineError("sub_temperature must be > 0 unless sub_greedy", field="temperature")
-        for name, v, vocab in (("top_k", req.top_k, self.model.V), ("sub_top_k", req.sub_top_k, self.model.cpV)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise EngineError(f"{name} must be an int >= 1, got {v!r}", field="top_k")
-            if v > c.max_top_k and c.max_top_k < vocab:
-                raise EngineError(f"{name}={v} > max_top_k={c.max_top_k} (NativeEngineConfig)", field="top_k")
-        if not (0 < req.top_p <= 1):
-            raise EngineError(f"top_p must be in (0, 1], got {req.top_p!r}", field="top_p")
-        if not (req.repetition_penalty > 0 and math.isfinite(req.repetition_penalty)):
-            raise EngineError(
-                f"repetition_penalty must be > 0, got {req.repetition_penalty!r}", field="repetition_penalty"
-            )
+        # temperatures, top-k (at most max_top_k: sampling is among the top max_top_k ids), top-p
+        check_sampling_fields(req, self.model.V, self.model.cpV, c.max_top_k)
         if not isinstance(req.min_new_tokens, int) or req.min_new_tokens < 0:
             raise EngineError(f"min_new_tokens must be an int >= 0, got {req.min_new_tokens!r}", field="min_new_tokens")
         if req.seed is not None and (not isinstance(req.seed, int) or isinstance(req.seed, bool)):
@@ -362,6 +357,7 @@ class NativeEngine:
                 m.rep,
                 m.sub_temp,
                 m.sub_top_k,
+                m.sub_top_p,
                 m.pos,
                 m.live,
             )
@@ -386,6 +382,7 @@ class NativeEngine:
                 (m.rep, float(req.repetition_penalty)),
                 (m.sub_temp, float(req.sub_temperature)),
                 (m.sub_top_k, min(int(req.sub_top_k), m.KR)),
+                (m.sub_top_p, float(req.sub_top_p)),
                 (m.pos, L),
                 (m.live, 1),
             ):

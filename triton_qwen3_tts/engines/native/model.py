@@ -89,6 +89,7 @@ class NativeModel:
         self.rep = torch.ones(S1, device=dev, dtype=torch.float32)
         self.sub_temp = torch.ones(S1, device=dev, dtype=torch.float32)
         self.sub_top_k = torch.ones(S1, device=dev, dtype=torch.int64)
+        self.sub_top_p = torch.ones(S1, device=dev, dtype=torch.float32)
         self.live = z(S1)  # 1 while the slot holds a request: the step's counter increment
         self.state = [
             self.h,
@@ -110,6 +111,7 @@ class NativeModel:
             self.rep,
             self.sub_temp,
             self.sub_top_k,
+            self.sub_top_p,
             self.live,
         ]
         # step intermediates / outputs (static: graph parts communicate through them)
@@ -300,15 +302,30 @@ class NativeModel:
             use_top_p,
         )
 
+    def sample_residual(self, B: int, logits: torch.Tensor, g: torch.Tensor, use_top_p: bool = True) -> torch.Tensor:
+        """One residual codebook's draw for rows ``[0, B)``: the sub-talker's greedy, temperature,
+        top-k and top-p (the official ``subtalker_*``) on ``logits [B, cpV]`` with noise ``g [B, KR]``."""
+        sl = slice(0, B)
+        return self._samp(
+            logits,
+            self.sub_greedy[sl],
+            self.sub_temp[sl],
+            self.sub_top_k[sl],
+            self.sub_top_p[sl],
+            g,
+            self.KR,
+            use_top_p,
+        )
+
     # -- step parts ----------------------------------------------------------------------------
-    def part_code_predictor(self, B: int) -> None:
-        """(h, c0) -> residual codes; writes ``frames[:B]``."""
+    def part_code_predictor(self, B: int, top_p: bool = True) -> None:
+        """(h, c0) -> residual codes; writes ``frames[:B]``. ``top_p=False``: every sampled row
+        has ``sub_top_p == 1`` (chosen on the host, as for :meth:`part_sample`)."""
         tk = self.talker
         cp = tk.code_predictor
         m = cp.model
         sl = slice(0, B)
         h, c0 = self.h[sl], self.c0[sl]
-        sub_greedy, sub_temp, sub_k = self.sub_greedy[sl], self.sub_temp[sl], self.sub_top_k[sl]
         # the noise of all 15 residual draws (counters 16 * frame + j) in one pass
         counters = self.frame_idx[sl, None] * CP_POSITIONS + self.res_draws[None]
         noise = self._noise(self.key[sl], counters, self.colsR)  # [B, 15, KR]
@@ -334,8 +351,7 @@ class NativeModel:
                 x = self._finish_layer(ly, x, o)
             hid = _rms(x[:, -1], self.cp_norm_w, self.cp_norm_eps, self.fast)
             logits = cp.lm_head[j - 1](hid).float()
-            # residual draws never use top-p (top_p is 1): one top-k + Gumbel-max
-            c = self._samp(logits, sub_greedy, sub_temp, sub_k, None, noise[:, j - 1], self.KR, False)
+            c = self.sample_residual(B, logits, noise[:, j - 1], top_p)
             codes.append(c)
         self.frames[sl].copy_(torch.stack(codes, dim=1))
 
@@ -394,6 +410,6 @@ class NativeModel:
         self.pos[sl].add_(live)
 
     def step(self, B: int, C: int, top_p: bool = True) -> None:
-        self.part_code_predictor(B)
+        self.part_code_predictor(B, top_p)
         self.part_talker(B, C)
         self.part_sample(B, top_p)

@@ -32,6 +32,7 @@ from triton_qwen3_tts.engines.base import (
     EngineError,
     TalkerRequest,
     check_prompt_frames_trailing,
+    check_sampling_fields,
 )
 from triton_qwen3_tts.model.config import ConfigError, Qwen3TTSConfig
 
@@ -261,7 +262,10 @@ class TalkerEngine:
     def check_request(self, req: TalkerRequest):
         """Refuse what cannot run, before anything is scheduled. Returns (embeds, trailing)."""
         c = self.config
-        return check_prompt_frames_trailing(req, self.hidden, c.max_model_len, c.max_trailing_tokens)
+        out = check_prompt_frames_trailing(req, self.hidden, c.max_model_len, c.max_trailing_tokens)
+        # any top-k: codebook-0 and residual sampling see their whole vocabularies
+        check_sampling_fields(req, self.codec_vocab, self.tts_config.talker.code_predictor.vocab_size)
+        return out
 
     def sampling_params(self, req: TalkerRequest, prompt_len: int, trailing):
         from vllm import SamplingParams
@@ -278,6 +282,7 @@ class TalkerEngine:
                 "trailing": tr.tobytes(),
                 "sub_temperature": float(req.sub_temperature),
                 "sub_top_k": int(req.sub_top_k),
+                "sub_top_p": float(req.sub_top_p),
                 "sub_greedy": bool(sub_greedy),
                 "sub_seed": int(sub_seed) & ((1 << 63) - 1),
                 "repetition_penalty": float(req.repetition_penalty),

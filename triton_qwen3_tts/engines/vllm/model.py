@@ -67,20 +67,28 @@ def sample_rows(
     logits: torch.Tensor,
     temperature: torch.Tensor,
     top_k: torch.Tensor,
+    top_p: torch.Tensor,
     greedy: torch.Tensor,
     seed: torch.Tensor,
     frame: torch.Tensor,
     codebook: int,
 ) -> torch.Tensor:
-    """Per-row greedy or temperature + top-k + Gumbel-max sampling. Fixed shapes, no sync."""
+    """Per-row greedy or temperature + top-k + top-p + Gumbel-max sampling (HF order, as
+    ``model/sampling.py``; a row with ``top_p >= 1`` skips top-p). Fixed shapes, no sync."""
     logits = logits.float()
     vocab = logits.shape[-1]
     greedy_ids = logits.argmax(-1)
     scaled = logits / temperature.clamp(min=1e-5)[:, None]
     k = torch.where(top_k <= 0, torch.full_like(top_k, vocab), top_k.clamp(max=vocab))
-    srt = scaled.sort(dim=-1, descending=True).values
+    srt, order = scaled.sort(dim=-1, descending=True)
     thr = srt.gather(1, (k - 1).long()[:, None])
-    scaled = scaled.masked_fill(scaled < thr, float("-inf"))
+    keep = srt >= thr
+    # top-p over the top-k survivors: keep ids whose more likely predecessors sum to < top_p
+    probs = srt.masked_fill(~keep, float("-inf")).softmax(-1)
+    excl = probs.cumsum(-1) - probs
+    keep = keep & ((excl < top_p[:, None]) | (top_p[:, None] >= 1.0))
+    keep[:, 0] = True
+    scaled = scaled.masked_fill(~torch.zeros_like(keep).scatter(1, order, keep), float("-inf"))
     sampled = (scaled + frame_gumbel_noise(seed, frame, codebook, vocab)).argmax(-1)
     return torch.where(greedy, greedy_ids, sampled)
 
@@ -119,6 +127,7 @@ class TalkerSideState:
         self.n_trail = torch.zeros(S, dtype=torch.int64, **kw)
         self.temperature = torch.ones(S, dtype=torch.float32, **kw)
         self.top_k = torch.zeros(S, dtype=torch.int64, **kw)
+        self.top_p = torch.ones(S, dtype=torch.float32, **kw)
         self.greedy = torch.ones(S, dtype=torch.bool, **kw)
         self.seed = torch.zeros(S, dtype=torch.int64, **kw)
         # rows replayed from `hist` (only happens in a recompute after preemption); stats only
@@ -197,6 +206,7 @@ class TalkerSideState:
         self.n_trail[slot] = n
         self.temperature[slot] = float(extra.get("sub_temperature", 1.0))
         self.top_k[slot] = int(extra.get("sub_top_k", 0))
+        self.top_p[slot] = float(extra.get("sub_top_p", 1.0))
         self.greedy[slot] = bool(extra.get("sub_greedy", False))
         self.seed[slot] = int(extra.get("sub_seed", 0)) & ((1 << 63) - 1)
 
@@ -447,7 +457,7 @@ class CodePredictor(nn.Module):
             x = res + layer.down_proj(F.silu(layer.gate_proj(hs)) * layer.up_proj(hs))
         return self.norm(x)
 
-    def predict(self, h, c0_embed, temperature, top_k, greedy, seed, frame) -> torch.Tensor:
+    def predict(self, h, c0_embed, temperature, top_k, top_p, greedy, seed, frame) -> torch.Tensor:
         """Residual codes ``[R, 15]`` for talker hidden ``h`` [R, D] and ``C(c0)`` [R, D]."""
         R = h.shape[0]
         G = self.groups
@@ -466,7 +476,7 @@ class CodePredictor(nn.Module):
                 continue
             j = t - 1
             logits = F.linear(out, self.lm_head[j])
-            c = sample_rows(logits, temperature, top_k, greedy, seed, frame, t)
+            c = sample_rows(logits, temperature, top_k, top_p, greedy, seed, frame, t)
             codes.append(c)
             if t < G - 1:
                 inp = self.embed[j][c]
@@ -582,7 +592,14 @@ class Qwen3TTSTalkerForVLLM(nn.Module):
 
         # 1. code predictor for every request row (masked later): frame g_r of each request.
         codes = self.code_predictor.predict(
-            st.h[slot_r], emb[last], st.temperature[slot_r], st.top_k[slot_r], st.greedy[slot_r], st.seed[slot_r], g_r
+            st.h[slot_r],
+            emb[last],
+            st.temperature[slot_r],
+            st.top_k[slot_r],
+            st.top_p[slot_r],
+            st.greedy[slot_r],
+            st.seed[slot_r],
+            g_r,
         )
         wslot = torch.where(fresh_r, slot_r, torch.full_like(slot_r, trash))
         wg = torch.where(fresh_r, g_r, torch.zeros_like(g_r)).clamp(0, Fm - 1)

@@ -19,7 +19,7 @@ import numpy as np
 from triton_qwen3_tts.model.prompt import PromptError, PromptRequest
 from triton_qwen3_tts.serving.talker.coalesce import FrameCoalescer, check_response_frames
 from triton_qwen3_tts.serving.errors import as_request_error
-from triton_qwen3_tts.serving.tts.request import RequestError, _scalar, check_sampling
+from triton_qwen3_tts.serving.tts.request import SAMPLING_INPUTS, RequestError, _scalar, check_sampling
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,11 @@ TALKER_INPUTS = {
     "ref_text": "str",
     "temperature": "float",
     "top_k": "int",
+    "top_p": "float",
+    "repetition_penalty": "float",
+    "subtalker_temperature": "float",
+    "subtalker_top_k": "int",
+    "subtalker_top_p": "float",
     "seed": "int",
     "max_frames": "int",
     "ignore_eos": "bool",
@@ -64,11 +69,8 @@ class TalkerService:
         v = {k: _scalar(k, inputs.get(k), kind) for k, kind in TALKER_INPUTS.items()}
         if v["text"] is None:
             raise RequestError("text", "is required")
-        temperature, top_k = check_sampling(
-            TalkerRequest.temperature if v["temperature"] is None else v["temperature"],
-            TalkerRequest.top_k if v["top_k"] is None else v["top_k"],
-            self.max_top_k,
-        )
+        # defaults: the official generation config (the tts sends every sampling input, resolved)
+        sp = check_sampling({k: v[k] for k in SAMPLING_INPUTS}, max_top_k=self.max_top_k)
         max_frames = self.default_max_frames if v["max_frames"] is None else v["max_frames"]
         if max_frames < 1:
             raise RequestError("max_frames", f"must be >= 1, got {max_frames}")
@@ -103,11 +105,16 @@ class TalkerService:
             prompt_embeds=built.prompt_embeds,
             trailing=built.trailing,
             max_frames=max_frames,
-            greedy=temperature == 0.0,
-            temperature=temperature or 1.0,
-            top_k=top_k,
-            sub_temperature=temperature or 1.0,
-            sub_top_k=top_k,
+            # temperature 0: greedy (the official do_sample / subtalker_dosample False)
+            greedy=sp.temperature == 0.0,
+            temperature=sp.temperature or 1.0,
+            top_k=sp.top_k,
+            top_p=sp.top_p,
+            repetition_penalty=sp.repetition_penalty,
+            sub_greedy=sp.subtalker_temperature == 0.0,
+            sub_temperature=sp.subtalker_temperature or 1.0,
+            sub_top_k=sp.subtalker_top_k,
+            sub_top_p=sp.subtalker_top_p,
             seed=v["seed"],
             suppress_eos=bool(v["ignore_eos"] or False),
         )

@@ -17,7 +17,18 @@ import numpy as np
 from triton_qwen3_tts.model.config import GenerationDefaults
 from triton_qwen3_tts.serving.settings import default
 
-__all__ = ["RequestError", "TtsLimits", "TtsRequest", "parse_tts_request", "TTS_INPUTS", "SAMPLE_FORMATS", "TASK_TYPES"]
+__all__ = [
+    "RequestError",
+    "Sampling",
+    "SAMPLING_INPUTS",
+    "TtsLimits",
+    "TtsRequest",
+    "check_sampling",
+    "parse_tts_request",
+    "TTS_INPUTS",
+    "SAMPLE_FORMATS",
+    "TASK_TYPES",
+]
 
 TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
 SAMPLE_FORMATS = ("float32", "int16")
@@ -32,14 +43,77 @@ class RequestError(ValueError):
         self.field = field
 
 
-def check_sampling(temperature: float, top_k: int, max_top_k: int) -> tuple:
-    """The sampling inputs of a request (the tts's and the talker's): ``(temperature, top_k)`` or a
-    :class:`RequestError` naming the input and what is allowed."""
-    if not math.isfinite(temperature) or temperature < 0:
-        raise RequestError("temperature", f"must be a finite number >= 0 (0 = greedy), got {temperature}")
-    if not 1 <= top_k <= max_top_k:
-        raise RequestError("top_k", f"must be in [1, {max_top_k}], got {top_k}")
-    return temperature, top_k
+_GEN = GenerationDefaults()
+
+# The official generation controls (generation_config.json names), tts and talker inputs alike.
+SAMPLING_INPUTS = (
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "subtalker_temperature",
+    "subtalker_top_k",
+    "subtalker_top_p",
+)
+# A subtalker_* input the request leaves out follows the request's own talker value when it gives
+# one (one temperature still drives both stages, and temperature 0 is greedy throughout).
+_FOLLOWS = {"subtalker_temperature": "temperature", "subtalker_top_k": "top_k", "subtalker_top_p": "top_p"}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A request's sampling, resolved and checked: codebook 0 (the talker) and the residual
+    codebooks (the code predictor, ``subtalker_*``). A temperature of 0 means greedy (argmax) for
+    its stage, the official ``do_sample`` / ``subtalker_dosample`` = False."""
+
+    temperature: float = _GEN.temperature
+    top_k: int = _GEN.top_k
+    top_p: float = _GEN.top_p
+    repetition_penalty: float = _GEN.repetition_penalty
+    subtalker_temperature: float = _GEN.subtalker_temperature
+    subtalker_top_k: int = _GEN.subtalker_top_k
+    subtalker_top_p: float = _GEN.subtalker_top_p
+
+    @classmethod
+    def from_generation(cls, g: GenerationDefaults) -> "Sampling":
+        """The defaults of a checkpoint's ``generation_config.json`` (``do_sample`` False: greedy)."""
+        return cls(
+            temperature=g.temperature if g.do_sample else 0.0,
+            top_k=g.top_k,
+            top_p=g.top_p,
+            repetition_penalty=g.repetition_penalty,
+            subtalker_temperature=g.subtalker_temperature if g.subtalker_dosample else 0.0,
+            subtalker_top_k=g.subtalker_top_k,
+            subtalker_top_p=g.subtalker_top_p,
+        )
+
+
+def check_sampling(
+    given: Mapping[str, Any], defaults: Sampling = Sampling(), max_top_k: int = 2048, max_subtalker_top_k: int = 2048
+) -> Sampling:
+    """The sampling inputs of a request (the tts's and the talker's): ``given`` maps each name of
+    :data:`SAMPLING_INPUTS` to its value, or None when the request leaves it out (then
+    ``defaults``; a left-out ``subtalker_*`` follows its talker input when that one is given).
+    Raises :class:`RequestError` naming the input and its allowed range."""
+    v = {}
+    for name in SAMPLING_INPUTS:
+        x = given.get(name)
+        if x is None and name in _FOLLOWS:
+            x = given.get(_FOLLOWS[name])
+        v[name] = getattr(defaults, name) if x is None else x
+    for name in ("temperature", "subtalker_temperature"):
+        if not math.isfinite(v[name]) or v[name] < 0:
+            raise RequestError(name, f"must be a finite number >= 0 (0 = greedy), got {v[name]}")
+    for name, hi in (("top_k", max_top_k), ("subtalker_top_k", max_subtalker_top_k)):
+        if not 1 <= v[name] <= hi:
+            raise RequestError(name, f"must be an integer in [1, {hi}], got {v[name]}")
+    for name in ("top_p", "subtalker_top_p"):
+        if not 0 < v[name] <= 1:  # NaN fails too
+            raise RequestError(name, f"must be in (0, 1] (1 = off), got {v[name]}")
+    rp = v["repetition_penalty"]
+    if not (math.isfinite(rp) and rp > 0):
+        raise RequestError("repetition_penalty", f"must be a finite number > 0 (1 = off), got {rp}")
+    return Sampling(**v)
 
 
 # name -> (Triton dtype, kind) ; kind: str | bool | int | float | audio
@@ -58,6 +132,11 @@ TTS_INPUTS = {
     "stream": ("BOOL", "bool"),
     "temperature": ("FP32", "float"),
     "top_k": ("INT32", "int"),
+    "top_p": ("FP32", "float"),
+    "repetition_penalty": ("FP32", "float"),
+    "subtalker_temperature": ("FP32", "float"),
+    "subtalker_top_k": ("INT32", "int"),
+    "subtalker_top_p": ("FP32", "float"),
     "seed": ("INT64", "int"),
     "max_frames": ("INT32", "int"),
     "ignore_eos": ("BOOL", "bool"),
@@ -75,6 +154,11 @@ class TtsLimits:
     default_stream: bool = True
     default_temperature: float = GenerationDefaults.temperature
     default_top_k: int = GenerationDefaults.top_k
+    default_top_p: float = GenerationDefaults.top_p
+    default_repetition_penalty: float = GenerationDefaults.repetition_penalty
+    default_subtalker_temperature: float = GenerationDefaults.subtalker_temperature
+    default_subtalker_top_k: int = GenerationDefaults.subtalker_top_k
+    default_subtalker_top_p: float = GenerationDefaults.subtalker_top_p
     default_max_frames: int = default("default_max_frames")
     max_frames_limit: int = default("max_frames_limit")
     max_text_chars: int = default("max_text_chars")
@@ -82,7 +166,8 @@ class TtsLimits:
     ref_min_seconds: float = 1.0
     ref_max_seconds: float = 30.0
     ref_sample_rates: tuple = (8000, 11025, 16000, 22050, 24000, 32000, 44100, 48000)
-    max_top_k: int = 2048
+    max_top_k: int = 2048  # codebook 0's real codes (the talker engine may allow fewer)
+    max_subtalker_top_k: int = 2048  # a residual codebook's size
 
     def __post_init__(self):
         if self.default_task_type not in TASK_TYPES:
@@ -95,6 +180,22 @@ class TtsLimits:
             raise ValueError("need 0 < ref_min_seconds < ref_max_seconds")
         if self.max_text_chars < 1:
             raise ValueError("max_text_chars must be >= 1")
+        try:
+            check_sampling({}, self.sampling_defaults, self.max_top_k, self.max_subtalker_top_k)
+        except RequestError as e:
+            raise ValueError(f"default_{e}") from None
+
+    @property
+    def sampling_defaults(self) -> Sampling:
+        return Sampling(
+            temperature=self.default_temperature,
+            top_k=self.default_top_k,
+            top_p=self.default_top_p,
+            repetition_penalty=self.default_repetition_penalty,
+            subtalker_temperature=self.default_subtalker_temperature,
+            subtalker_top_k=self.default_subtalker_top_k,
+            subtalker_top_p=self.default_subtalker_top_p,
+        )
 
 
 @dataclass(frozen=True)
@@ -115,8 +216,7 @@ class TtsRequest:
     voice_id: Optional[str]
     sample_format: str
     stream: bool
-    temperature: float
-    top_k: int
+    sampling: Sampling
     seed: Optional[int]
     max_frames: int
     ignore_eos: bool
@@ -215,10 +315,11 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
     sample_format = _choice("sample_format", v["sample_format"], SAMPLE_FORMATS, limits.default_sample_format)
     stream = limits.default_stream if v["stream"] is None else v["stream"]
 
-    temperature, top_k = check_sampling(
-        limits.default_temperature if v["temperature"] is None else v["temperature"],
-        limits.default_top_k if v["top_k"] is None else v["top_k"],
+    sampling = check_sampling(
+        {name: v[name] for name in SAMPLING_INPUTS},
+        limits.sampling_defaults,
         limits.max_top_k,
+        limits.max_subtalker_top_k,
     )
     seed = v["seed"]
     if seed is not None and not (0 <= seed < 2**63):
@@ -297,8 +398,7 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
         voice_id=voice_id,
         sample_format=sample_format,
         stream=stream,
-        temperature=temperature,
-        top_k=top_k,
+        sampling=sampling,
         seed=seed,
         max_frames=max_frames,
         ignore_eos=bool(v["ignore_eos"] or False),

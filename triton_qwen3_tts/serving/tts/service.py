@@ -30,7 +30,7 @@ from triton_qwen3_tts.serving.tts.admission import Admission, Overloaded
 from triton_qwen3_tts.serving.faults import PeerDied, Stalled
 from triton_qwen3_tts.serving.model_config import TtsModelConfig
 from triton_qwen3_tts.serving.tts.pipeline import Cancelled, forward_audio, stream_audio, to_sample_format
-from triton_qwen3_tts.serving.tts.request import RequestError, TtsRequest, parse_tts_request
+from triton_qwen3_tts.serving.tts.request import SAMPLING_INPUTS, RequestError, TtsRequest, parse_tts_request
 from triton_qwen3_tts.serving.tts.codec_session import LiveCounter, open_session
 from triton_qwen3_tts.serving.tts.voice import Encode, ResolvedVoice, VoiceCache, resolve_voice
 
@@ -148,8 +148,11 @@ def talker_inputs(
         "text": s(req.text),
         "task_type": s(req.task_type),
         "language": s(req.language),
-        "temperature": np.array([req.temperature], np.float32),
-        "top_k": np.array([req.top_k], np.int32),
+        # every sampling input, resolved (the checkpoint's defaults applied here, not in the talker)
+        **{
+            name: np.array([getattr(req.sampling, name)], np.int32 if name.endswith("top_k") else np.float32)
+            for name in SAMPLING_INPUTS
+        },
         "max_frames": np.array([req.max_frames], np.int32),
         "ignore_eos": np.array([req.ignore_eos], np.bool_),
     }
