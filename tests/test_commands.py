@@ -53,6 +53,7 @@ def test_the_commands_are_the_documented_ones():
         [
             "qwen3-tts-serve",
             "qwen3-tts-client",
+            "qwen3-tts-gateway",
             "qwen3-tts-build-repository",
             "qwen3-tts-random-checkpoint",
             "qwen3-tts-bench-service",
@@ -61,7 +62,13 @@ def test_the_commands_are_the_documented_ones():
         ]
     )
     readme = (ROOT / "README.md").read_text()
-    for name in ("qwen3-tts-serve", "qwen3-tts-client", "qwen3-tts-build-repository", "qwen3-tts-random-checkpoint"):
+    for name in (
+        "qwen3-tts-serve",
+        "qwen3-tts-client",
+        "qwen3-tts-gateway",
+        "qwen3-tts-build-repository",
+        "qwen3-tts-random-checkpoint",
+    ):
         assert name in readme, name
 
 

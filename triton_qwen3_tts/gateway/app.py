@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -93,7 +94,13 @@ def _error(e: ApiError) -> JSONResponse:
 
 def create_app(triton_url: str, voices_dir: str, model: str = "tts") -> FastAPI:
     """The gateway for the `tts` model ``model`` at gRPC ``triton_url``; voices under ``voices_dir``."""
-    app = FastAPI(title="triton-qwen3-tts gateway", version="1")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await app.state.upstream.close()
+
+    app = FastAPI(title="triton-qwen3-tts gateway", version="1", lifespan=lifespan)
     app.state.upstream = Upstream(triton_url, model)
     app.state.voices = VoiceStore(voices_dir)
     app.state.info = None
@@ -107,10 +114,6 @@ def create_app(triton_url: str, voices_dir: str, model: str = "tts") -> FastAPI:
             except Exception as e:  # noqa: BLE001 - the server is not up (yet)
                 raise ApiError(503, f"the server is not available: {e}", None, "UNAVAILABLE") from None
         return app.state.info
-
-    @app.on_event("shutdown")
-    async def _close() -> None:
-        await app.state.upstream.close()
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, e: ApiError):

@@ -29,6 +29,7 @@ TTS_INPUT_TYPES = {
     "ref_text": "BYTES",
     "x_vector_only": "BOOL",
     "voice_id": "BYTES",
+    "replace_voice": "BOOL",
     "sample_format": "BYTES",
     "stream": "BOOL",
     "temperature": "FP32",

@@ -42,6 +42,7 @@ _INPUT_TYPES = {
     "ref_text": "BYTES",
     "x_vector_only": "BOOL",
     "voice_id": "BYTES",
+    "replace_voice": "BOOL",
     "sample_format": "BYTES",
     "stream": "BOOL",
     "temperature": "FP32",
@@ -436,6 +437,12 @@ def main(argv=None) -> int:
     p.add_argument("--x-vector-only", action="store_true")
     p.add_argument("--voice-id")
     p.add_argument(
+        "--replace-voice",
+        action="store_true",
+        help="with --ref-audio and --voice-id: replace a voice stored under that id from other audio "
+        "(without it the server refuses other audio for a stored id)",
+    )
+    p.add_argument(
         "--sample-format",
         choices=allowed["sample_format"],
         help="audio samples: "
@@ -467,6 +474,8 @@ def main(argv=None) -> int:
         kw["stream"] = False
     if a.x_vector_only:
         kw["x_vector_only"] = True
+    if a.replace_voice:
+        kw["replace_voice"] = True
     if a.ignore_eos:
         kw["ignore_eos"] = True
     if a.ref_audio:

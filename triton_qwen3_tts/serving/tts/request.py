@@ -54,6 +54,7 @@ TTS_INPUTS = {
     "ref_text": ("BYTES", "str"),
     "x_vector_only": ("BOOL", "bool"),
     "voice_id": ("BYTES", "str"),
+    "replace_voice": ("BOOL", "bool"),
     "sample_format": ("BYTES", "str"),
     "stream": ("BOOL", "bool"),
     "temperature": ("FP32", "float"),
@@ -120,6 +121,8 @@ class TtsRequest:
     seed: Optional[int]
     max_frames: int
     ignore_eos: bool
+    # with ref_audio and voice_id: replace a cached voice of this id stored from other audio
+    replace_voice: bool = False
 
     def with_(self, **kw) -> "TtsRequest":
         return replace(self, **kw)
@@ -259,6 +262,8 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
     if task == "VoiceDesign" and instruct is None:
         raise RequestError("instruct", "is required for task_type VoiceDesign (describe the voice)")
     if task == "Base":
+        if v["replace_voice"] and (ref_audio is None or voice_id is None):
+            raise RequestError("replace_voice", "needs ref_audio and voice_id (the voice to store under that id)")
         if ref_audio is None and voice_id is None:
             raise RequestError(
                 "ref_audio", "task_type Base needs ref_audio (with ref_sample_rate) or a cached voice_id"
@@ -280,6 +285,7 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
             ("ref_text", ref_text),
             ("voice_id", voice_id),
             ("x_vector_only", x_vector_only),
+            ("replace_voice", v["replace_voice"]),
         ):
             if val is not None:
                 raise RequestError(name, f"is only used with task_type Base, not {task}")
@@ -302,4 +308,5 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
         seed=seed,
         max_frames=max_frames,
         ignore_eos=bool(v["ignore_eos"] or False),
+        replace_voice=bool(v["replace_voice"] or False),
     )
