@@ -57,6 +57,7 @@ def test_the_commands_are_the_documented_ones():
             "qwen3-tts-build-repository",
             "qwen3-tts-random-checkpoint",
             "qwen3-tts-bench-service",
+            "qwen3-tts-bench-gateway",
             "qwen3-tts-bench-model",
             "qwen3-tts-bench-codec",
         ]
