@@ -189,6 +189,17 @@ def test_pcm_stream_is_the_grpc_synthesis(stack, client, voice):
     np.testing.assert_array_equal(got, (np.clip(ref.audio, -1, 1) * 32767).round().astype(np.int16))
 
 
+def test_tts_sample_rate_input_resamples_on_the_server(stack, voice):
+    """The tts model's own sample_rate input (gRPC clients): 16 kHz audio, the rate in every response."""
+    srv, gw = stack
+    from triton_qwen3_tts.gateway.voices import VoiceStore
+
+    v = VoiceStore(gw.voices_dir).get(voice)
+    kw = dict(text=TEXT, ref_audio=v.audio, ref_sample_rate=v.sample_rate, ref_text=REF_TEXT, voice_id=v.cache_id)
+    r = synth(srv, temperature=0.0, max_frames=FRAMES, sample_rate=16000, **kw)
+    assert r.sample_rate == 16000 and abs(r.audio.shape[0] - FRAMES * SPF * 2 // 3) <= 1 and len(r.chunks) > 1
+
+
 @pytest.mark.parametrize("fmt", list(CASES))
 def test_each_format_streams_and_decodes_to_the_duration_and_rate(client, voice, fmt):
     from triton_qwen3_tts.gateway.audio import supported_formats

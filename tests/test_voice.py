@@ -345,7 +345,8 @@ class Sender:
     def __init__(self):
         self.items = []
 
-    def audio(self, samples, final):
+    def audio(self, samples, final, sample_rate=24000):
+        self.rates = getattr(self, "rates", []) + [sample_rate]
         self.items.append(("audio", samples, final))
 
     def error(self, err):

@@ -14,8 +14,8 @@ first chunk, not after the whole utterance.
   into a sink that is drained after every chunk. Available where ``av`` is installed with those
   encoders (:func:`supported_formats`).
 
-Rates: the `tts` model produces 24 kHz; :class:`Resampler` (soxr's streaming resampler) converts to
-the requested ``sample_rate``. mp3, opus and aac accept only their codecs' rates
+Rates: the `tts` model produces 24 kHz; :class:`Resampler` (soxr's streaming resampler, the tts
+model's ``StreamResampler``) converts to the requested ``sample_rate``. mp3, opus and aac accept only their codecs' rates
 (:func:`allowed_rates`). Ogg Opus decoders output 48 kHz whatever the input rate was (RFC 7845).
 """
 
@@ -26,6 +26,8 @@ from functools import lru_cache
 from typing import Dict, Optional, Tuple
 
 import numpy as np
+
+from triton_qwen3_tts.serving.tts.pipeline import StreamResampler
 
 __all__ = [
     "FORMATS",
@@ -180,23 +182,8 @@ def make_encoder(fmt: str, rate: int) -> Encoder:
     return AvEncoder(fmt, rate)
 
 
-class Resampler:
-    """Streaming float32 mono resampling (soxr ``ResampleStream``, high quality); identity when the
-    rates match."""
-
-    def __init__(self, in_rate: int, out_rate: int):
-        self.in_rate, self.out_rate = in_rate, out_rate
-        self._rs = None
-        if in_rate != out_rate:
-            import soxr
-
-            self._rs = soxr.ResampleStream(in_rate, out_rate, 1, dtype="float32", quality="HQ")
-
-    def process(self, x: np.ndarray, last: bool = False) -> np.ndarray:
-        x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-        if self._rs is None:
-            return x
-        return self._rs.resample_chunk(x, last=last)
+# the tts model's streaming resampler (soxr ResampleStream, HQ): one implementation for both
+Resampler = StreamResampler
 
 
 def encoded_stream_parts(fmt: str, rate: int, chunks, in_rate: int = 24000) -> Dict[str, object]:

@@ -31,6 +31,7 @@ TTS_INPUT_TYPES = {
     "voice_id": "BYTES",
     "replace_voice": "BOOL",
     "sample_format": "BYTES",
+    "sample_rate": "INT32",
     "stream": "BOOL",
     "temperature": "FP32",
     "top_k": "INT32",

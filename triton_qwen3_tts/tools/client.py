@@ -44,6 +44,7 @@ _INPUT_TYPES = {
     "voice_id": "BYTES",
     "replace_voice": "BOOL",
     "sample_format": "BYTES",
+    "sample_rate": "INT32",
     "stream": "BOOL",
     "temperature": "FP32",
     "top_k": "INT32",
@@ -416,7 +417,7 @@ def main(argv=None) -> int:
         epilog="A server error is printed as one line 'error: ...' on stderr (exit status 1).",
     )
     p.add_argument("--text", required=True, help="what to say (UTF-8)")
-    p.add_argument("--out", default="out.wav", help="output WAV (24 kHz)")
+    p.add_argument("--out", default="out.wav", help="output WAV (24 kHz unless --sample-rate)")
     p.add_argument("--url", default=None, help="server address (default 127.0.0.1:8001 gRPC, :8000 with --http)")
     p.add_argument("--http", action="store_true", help="use HTTP generate_stream instead of gRPC streaming")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each response (default 300)")
@@ -449,6 +450,9 @@ def main(argv=None) -> int:
         + " or ".join(allowed["sample_format"])
         + f" (default {allowed['default_sample_format']})",
     )
+    p.add_argument(
+        "--sample-rate", type=int, help="output rate in Hz, 8000-48000 (default 24000; the server resamples)"
+    )
     p.add_argument("--no-stream", action="store_true", help="one response with the whole utterance")
     p.add_argument("--temperature", type=float)
     p.add_argument("--top-k", type=int)
@@ -465,6 +469,7 @@ def main(argv=None) -> int:
         ref_text=a.ref_text,
         voice_id=a.voice_id,
         sample_format=a.sample_format,
+        sample_rate=a.sample_rate,
         temperature=a.temperature,
         top_k=a.top_k,
         seed=a.seed,

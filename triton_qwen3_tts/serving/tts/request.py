@@ -22,6 +22,7 @@ __all__ = ["RequestError", "TtsLimits", "TtsRequest", "parse_tts_request", "TTS_
 TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
 SAMPLE_FORMATS = ("float32", "int16")
 MAX_VOICE_ID_CHARS = 256
+OUTPUT_RATES = (8000, 48000)  # the sample_rate input's range (the model's own rate is 24000)
 
 
 class RequestError(ValueError):
@@ -56,6 +57,7 @@ TTS_INPUTS = {
     "voice_id": ("BYTES", "str"),
     "replace_voice": ("BOOL", "bool"),
     "sample_format": ("BYTES", "str"),
+    "sample_rate": ("INT32", "int"),
     "stream": ("BOOL", "bool"),
     "temperature": ("FP32", "float"),
     "top_k": ("INT32", "int"),
@@ -123,6 +125,8 @@ class TtsRequest:
     ignore_eos: bool
     # with ref_audio and voice_id: replace a cached voice of this id stored from other audio
     replace_voice: bool = False
+    # the output's rate: the model's 24 kHz audio is resampled to it (soxr) when it differs
+    sample_rate: int = 24000
 
     def with_(self, **kw) -> "TtsRequest":
         return replace(self, **kw)
@@ -217,6 +221,11 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
     instruct = _text("instruct", v["instruct"], limits.max_instruct_chars, required=False)
     sample_format = _choice("sample_format", v["sample_format"], SAMPLE_FORMATS, limits.default_sample_format)
     stream = limits.default_stream if v["stream"] is None else v["stream"]
+    sample_rate = 24000 if v["sample_rate"] is None else v["sample_rate"]
+    if not OUTPUT_RATES[0] <= sample_rate <= OUTPUT_RATES[1]:
+        raise RequestError(
+            "sample_rate", f"must be in [{OUTPUT_RATES[0]}, {OUTPUT_RATES[1]}] Hz (default 24000), got {sample_rate}"
+        )
 
     temperature, top_k = check_sampling(
         limits.default_temperature if v["temperature"] is None else v["temperature"],
@@ -309,4 +318,5 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
         max_frames=max_frames,
         ignore_eos=bool(v["ignore_eos"] or False),
         replace_voice=bool(v["replace_voice"] or False),
+        sample_rate=sample_rate,
     )
