@@ -228,6 +228,28 @@ def test_decode_clip_mixes_resamples_and_refuses_bad_clips():
         assert e.value.param == "file" and why in e.value.message
 
 
+def test_decode_clip_mixes_a_stereo_clip_that_only_ffmpeg_reads():
+    import av
+
+    x = sine(2.0, 24000)
+    sink = io.BytesIO()
+    with av.open(sink, mode="w", format="adts") as out:  # AAC: not a libsndfile format
+        st = out.add_stream("aac", rate=24000, layout="stereo")
+        packed = np.stack([x, 0.5 * x], axis=1).reshape(1, -1)  # interleaved L R L R ...
+        frame = av.AudioFrame.from_ndarray(packed, format="flt", layout="stereo")
+        frame.sample_rate = 24000
+        for pkt in list(st.encode(frame)) + list(st.encode(None)):
+            out.mux(pkt)
+    audio, rate = decode_clip(sink.getvalue())
+    assert rate == 24000 and abs(audio.shape[0] - 48000) <= 2048
+    spec = np.abs(np.fft.rfft(audio[4800:43200]))
+    assert abs(np.argmax(spec) * 24000 / (2 * (spec.shape[0] - 1)) - 330.0) < 5.0
+
+
+def test_voice_design_ignores_voice():
+    assert "speaker" not in tts_inputs(parse_speech(dict(OK, instructions="a warm voice")), None, presets=False)
+
+
 def test_voice_store_persists_conflicts_overwrites_and_deletes(tmp_path):
     root = str(tmp_path / "voices")
     s = VoiceStore(root)
@@ -248,6 +270,7 @@ def test_voice_store_persists_conflicts_overwrites_and_deletes(tmp_path):
     w = s2.add(sine(2.0, 16000, 200.0), 16000, "other", "anna", overwrite=True)
     assert w.cache_id != v.cache_id and VoiceStore(root).get("anna").ref_text == "other"
     assert s2.delete("anna") and not s2.delete("anna") and "anna" not in VoiceStore(root)
+    assert not s2.delete("..") and not s2.delete("") and os.path.isdir(root)
     with pytest.raises(ApiError) as e:
         s2.add(x, 16000, None, "../evil")
     assert e.value.param == "id"

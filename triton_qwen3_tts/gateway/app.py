@@ -149,16 +149,18 @@ def create_app(triton_url: str, voices_dir: str, model: str = "tts") -> FastAPI:
             raise ApiError(400, "the request body is not valid JSON", None, "invalid_json") from None
         req = parse_speech(body)
         stored = app.state.voices.get(req.voice) if req.voice and not req.speaker else None
+        presets = True
         if stored is None and req.voice and not req.speaker:
             ck = await info()
+            presets = ck.task_type != "VoiceDesign"  # there, instructions describe the voice
             if ck.task_type == "Base":
                 known = ", ".join(v.id for v in app.state.voices.list()) or "none"
                 raise bad_request("voice", f"unknown voice {req.voice!r}; stored voices: {known}", "voice_not_found")
-            if ck.speakers and req.voice.lower() not in ck.speakers:
+            elif presets and ck.speakers and req.voice.lower() not in ck.speakers:
                 raise bad_request(
                     "voice", f"{req.voice!r} is not a voice of this checkpoint; allowed: {', '.join(ck.speakers)}"
                 )
-        upstream = app.state.upstream.synthesize(tts_inputs(req, stored))
+        upstream = app.state.upstream.synthesize(tts_inputs(req, stored, presets))
         chunks = upstream.__aiter__()
         resampler, encoder = None, None
 

@@ -147,11 +147,12 @@ def parse_speech(body: Any) -> SpeechRequest:
     )
 
 
-def tts_inputs(req: SpeechRequest, voice: Optional["StoredVoiceRef"] = None) -> Dict[str, Any]:
+def tts_inputs(req: SpeechRequest, voice: Optional["StoredVoiceRef"] = None, presets: bool = True) -> Dict[str, Any]:
     """The `tts` inputs (name -> Python value or float32 array) for ``req``. ``voice``: the stored
     voice ``req.voice`` names (Base cloning: the reference audio, its rate and transcript are sent
     with a content-derived ``voice_id``, so the tts's voice cache answers repeats without running
-    the encoders); None: ``voice`` (or ``speaker``) is a preset speaker."""
+    the encoders); None: ``voice`` (or ``speaker``) is a preset speaker, unless ``presets`` is
+    false (a VoiceDesign checkpoint: ``instructions`` describe the voice, ``voice`` is ignored)."""
     out: Dict[str, Any] = {"text": req.input, "stream": True, "sample_format": "float32"}
     if voice is not None:
         out.update(
@@ -164,7 +165,7 @@ def tts_inputs(req: SpeechRequest, voice: Optional["StoredVoiceRef"] = None) -> 
             out["ref_text"] = voice.ref_text
         else:
             out["x_vector_only"] = True
-    else:
+    elif presets:
         speaker = req.speaker or req.voice
         if speaker:
             out["speaker"] = speaker

@@ -107,15 +107,13 @@ def decode_clip(data: bytes, param: str = "file") -> tuple:
             with av.open(io.BytesIO(data)) as c:
                 stream = c.streams.audio[0]
                 rate = stream.rate
-                frames = [f.to_ndarray().astype(np.float32) for f in c.decode(stream)]
-            if not frames:
+                # FFmpeg's resampler mixes the channels down and converts to float at the clip's rate
+                mono = av.AudioResampler(format="flt", layout="mono", rate=rate)
+                parts = [f.to_ndarray().reshape(-1) for frame in c.decode(stream) for f in mono.resample(frame)]
+                parts += [f.to_ndarray().reshape(-1) for f in mono.resample(None)]
+            if not parts:
                 raise ValueError("no audio frames")
-            # planar frames are [channels, n]; packed ones [1, n * channels]
-            ch = stream.channels or 1
-            parts = [f.reshape(ch, -1) if f.shape[0] != ch else f for f in frames]
-            audio = np.concatenate(parts, axis=1).mean(axis=0)
-            if np.issubdtype(frames[0].dtype, np.integer):
-                audio = audio / float(np.iinfo(frames[0].dtype).max)
+            audio = np.concatenate(parts)
         except Exception as e:  # noqa: BLE001
             raise bad_request(param, f"cannot be decoded as audio ({type(e).__name__}: {e})") from None
     audio = np.ascontiguousarray(audio, dtype=np.float32)
@@ -239,11 +237,13 @@ class VoiceStore:
 
     def delete(self, voice_id: str) -> bool:
         """Remove a voice; False when there is none by that id."""
+        if not VOICE_ID.match(voice_id or ""):
+            return False
         with self._lock:
             dst = os.path.join(self.root, voice_id)
             if voice_id not in self._voices and not os.path.isdir(dst):
                 return False
-            if VOICE_ID.match(voice_id) and os.path.isdir(dst):
+            if os.path.isdir(dst):
                 trash = os.path.join(self.root, f".trash-{uuid.uuid4().hex}")
                 os.rename(dst, trash)
                 shutil.rmtree(trash, ignore_errors=True)
