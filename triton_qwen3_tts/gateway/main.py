@@ -34,9 +34,15 @@ def main(argv=None) -> int:
     )
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     a = p.parse_args(argv)
-    import uvicorn
+    try:
+        import uvicorn
 
-    from triton_qwen3_tts.gateway.app import create_app
+        from triton_qwen3_tts.gateway.app import create_app
+    except ModuleNotFoundError as e:
+        raise SystemExit(
+            f"error: qwen3-tts-gateway needs {e.name}, part of the [gateway] extra: "
+            "pip install 'triton-qwen3-tts[gateway]'"
+        ) from None
 
     app = create_app(a.triton_url, a.voices_dir or default_voices_dir(), a.model)
     uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, timeout_graceful_shutdown=5)
