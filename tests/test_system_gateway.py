@@ -285,6 +285,8 @@ def test_closing_the_http_stream_cancels_the_triton_request(stack, client, voice
 
 
 def test_voice_survives_a_gateway_restart_and_is_deleted(stack, client, voice):
+    """(A server restart empties the tts model's voice cache; the gateway sends the stored clip
+    with every request, so that needs nothing more: not restarted here, it costs ~30 s.)"""
     import httpx
 
     _, gw = stack
