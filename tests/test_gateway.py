@@ -86,7 +86,7 @@ BAD = [
     ({"max_frames": 0}, "max_frames"),
     ({"instructions": ["x"]}, "instructions"),
     ({"language": 1}, "language"),
-    ({"top_p": 0.9}, "top_p"),
+    ({"volume": 0.9}, "volume"),
 ]
 
 

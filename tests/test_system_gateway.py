@@ -243,7 +243,7 @@ BAD = [
     ({"top_k": 0}, "top_k"),
     ({"language": "klingon"}, "language"),  # refused by the server: INVALID_ARG from the tts
     ({"max_frames": 100000}, "max_frames"),  # the server's limit
-    ({"top_p": 0.5}, "top_p"),  # unknown field
+    ({"volume": 0.5}, "volume"),  # unknown field
 ]
 
 
