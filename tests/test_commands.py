@@ -317,7 +317,8 @@ def test_serve_shows_the_cause_of_a_failed_start(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "triton_qwen3_tts.tools.launcher", "--model-repository", str(tmp_path / "repo")]
         + ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-        + ["--log", str(tmp_path / "server.log"), "--ready-timeout", "120", "--cache-dir", str(tmp_path / "c")],
+        + ["--log", str(tmp_path / "server.log"), "--ready-timeout", "120", "--cache-dir", str(tmp_path / "c")]
+        + ["--gateway-port", "0"],
         capture_output=True,
         text=True,
         timeout=180,
