@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # triton-qwen3-tts, CUDA 13 image (host driver R580 or newer). See docs/docker.md.
 #   docker build -t triton-qwen3-tts:cu13 .
-#   docker run --gpus all --shm-size 2g -p 8000-8002:8000-8002 -v $PWD/ckpt:/models/checkpoint:ro \
+#   docker run --gpus all --shm-size 2g -p 8000-8002:8000-8002 -p 8080:8080 -v $PWD/ckpt:/models/checkpoint:ro \
 #       -v qwen3-tts-cache:/cache triton-qwen3-tts:cu13
 # Triton 26.02: CUDA 13.1.1, TensorRT 10.15.1, Ubuntu 24.04, Python 3.12.
 FROM nvcr.io/nvidia/tritonserver:26.02-py3
@@ -39,7 +39,7 @@ COPY docker/entrypoint.sh /usr/local/bin/qwen3-tts-entrypoint
 # --no-deps: the requirements above are the whole environment; a re-resolution would pull numpy 2.
 RUN python3 -m pip install --no-deps . \
     && chmod +x /usr/local/bin/qwen3-tts-entrypoint \
-    && python3 -c "import numpy, torch, vllm, transformers, tensorrt, onnxruntime, polygraphy, tritonclient.grpc, triton_qwen3_tts; \
+    && python3 -c "import numpy, torch, vllm, transformers, tensorrt, onnxruntime, polygraphy, tritonclient.grpc, av, fastapi, uvicorn, multipart, triton_qwen3_tts.gateway.app; \
 assert numpy.__version__.startswith('1.'), numpy.__version__; \
 assert (torch.version.cuda or '').startswith('13'), torch.version.cuda; \
 print('image ok: torch', torch.__version__, 'cuda', torch.version.cuda, 'vllm', vllm.__version__, 'tensorrt', tensorrt.__version__)"
@@ -48,7 +48,8 @@ ENV QWEN3_TTS_CHECKPOINT=/models/checkpoint \
     QWEN3_TTS_CACHE=/cache \
     HF_HOME=/cache/huggingface
 VOLUME ["/cache"]
-EXPOSE 8000 8001 8002
+# 8000-8002: Triton HTTP, gRPC, metrics; 8080: the OpenAI-compatible gateway (/v1/audio/speech)
+EXPOSE 8000 8001 8002 8080
 HEALTHCHECK --interval=30s --timeout=5s --start-period=900s --retries=3 \
     CMD ["python3", "-c", "import urllib.request as u; u.urlopen(\"http://127.0.0.1:8000/v2/health/ready\", timeout=4)"]
 ENTRYPOINT ["/usr/local/bin/qwen3-tts-entrypoint"]

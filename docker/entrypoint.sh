@@ -10,7 +10,9 @@
 #     exporter sources + build args; later starts reuse it.
 #  3. model repository: scripts/build_model_repository.py into $QWEN3_TTS_REPOSITORY.
 #  4. server: python -m triton_qwen3_tts.tools.launcher --address 0.0.0.0 --server image (exec'd, so
-#     `docker stop` reaches it); arguments given to the container are appended to the launcher's.
+#     `docker stop` reaches it), with the OpenAI-compatible gateway on :8080 (voices in
+#     $QWEN3_TTS_CACHE/voices; `--gateway-port 0` turns it off); arguments given to the container
+#     are appended to the launcher's.
 # A first argument that does not start with '-' is run instead (e.g. `docker run ... IMAGE bash`).
 set -euo pipefail
 
@@ -28,6 +30,7 @@ CODEC_BACKEND=${QWEN3_TTS_CODEC_BACKEND:-tensorrt}
 TRT_ARGS=${QWEN3_TTS_TRT_ARGS:-}
 REPO_ARGS=${QWEN3_TTS_REPO_ARGS:-}
 SERVER_LOG=${QWEN3_TTS_SERVER_LOG:-/dev/stdout}
+GATEWAY_LOG=${QWEN3_TTS_GATEWAY_LOG:-/dev/stdout}
 PY=${PYTHON:-python3}
 
 log() { echo "[qwen3-tts] $*" >&2; }
@@ -109,6 +112,6 @@ log "model repository: $REPO (codec backend $CODEC_BACKEND)"
   || die "building the model repository failed"
 
 # ---- 4. server -----------------------------------------------------------------------------
-log "starting Triton (HTTP :8000, gRPC :8001, metrics :8002)"
+log "starting Triton (HTTP :8000, gRPC :8001, metrics :8002) and the gateway (:8080)"
 exec "$PY" -m triton_qwen3_tts.tools.launcher --model-repository "$REPO" --address 0.0.0.0 --server image \
-  --log "$SERVER_LOG" "$@"
+  --log "$SERVER_LOG" --gateway-log "$GATEWAY_LOG" "$@"

@@ -19,6 +19,12 @@
 # (no closed loop), READY_S (seconds to wait for readiness, default 300).
 # Stage "graphs": scripts/check_stateful_graphs.py (stateful codec's CUDA graphs vs eager), fp32
 # and bf16, on the preset's random decoder.
+# Stage "gateway": on the service stage's server (started for it alone when "service" is not in
+# STAGES; then no closed or open loop runs), the OpenAI-compatible gateway on :18080 and
+# benchmark/benchmark_gateway.py: one stream, gRPC TTFA vs the gateway's time to first byte,
+# alternating, GATEWAY_ARGS (default "--requests 50 --warmup 5 --max-frames 50 --formats pcm wav
+# mp3 opus"). Needs fastapi, uvicorn, python-multipart (and av for mp3/opus/aac/flac) in the
+# bundle's venv (wheels in .whl/extra).
 set -uo pipefail
 STAGES=${STAGES:-"ckpt model service"}
 FRAMES=${FRAMES:-200}
@@ -40,7 +46,8 @@ if [[ " $STAGES " == *" model "* ]]; then
   timeout 420 python benchmark/benchmark_model.py --checkpoint "$CKPT" --engine native --device cuda \
     --dtype bfloat16 --concurrency $LEVELS --frames "$FRAMES" --json "$OUT/model_native.json" 2>&1 | tail -25
 fi
-if [[ " $STAGES " == *" service "* ]]; then
+service=0; [[ " $STAGES " == *" service "* ]] && service=1
+if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
   python scripts/build_model_repository.py --checkpoint "$CKPT" --out /tmp/repo --engine native --device gpu \
     --codec-backend python --codec-dtype bfloat16 --max-num-seqs 64 --max-text-chars 300 --max-instruct-chars 20 \
     --default-max-frames "$FRAMES" --max-frames-limit 500 --max-in-flight 64 --max-queued 64 \
@@ -52,7 +59,9 @@ if [[ " $STAGES " == *" service "* ]]; then
   curl -sf localhost:18000/v2/health/ready > /dev/null || { echo "server not ready after ${i}s" >&2;
     grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f tritonserver; exit 1; }
   echo "server ready after ${i}s"
-  if [ "${PER_LEVEL:-0}" = 1 ]; then
+  if [ "$service" = 0 ]; then
+    :  # the gateway stage alone: no closed or open loop
+  elif [ "${PER_LEVEL:-0}" = 1 ]; then
     # one benchmark_service run per level and a metrics snapshot after each, so the server's
     # histograms (TTFA, time to first frames) can be split per level by differencing snapshots
     for L in $LEVELS; do
@@ -68,11 +77,26 @@ if [[ " $STAGES " == *" service "* ]]; then
       --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service_$TAG.json" \
       --out-csv "$OUT/service_$TAG.csv" --no-progress 2>&1 | tail -30
   fi
-  if [ -n "${RATES:-}" ]; then
+  if [ "$service" = 1 ] && [ -n "${RATES:-}" ]; then
     # shellcheck disable=SC2086
     timeout "${OPEN_TIMEOUT:-400}" python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate $RATES \
       --fixed-frames "${OPEN_FRAMES:-50}" ${OPEN_ARGS:---duration 15 --warmup 2 --streams 64} \
       --out-json "$OUT/open_$TAG.json" --out-csv "$OUT/open_$TAG.csv" --no-progress 2>&1 | tail -30
+  fi
+  if [[ " $STAGES " == *" gateway "* ]]; then
+    if python -c "import fastapi, uvicorn, multipart" 2>/dev/null; then
+      python -m triton_qwen3_tts.gateway.main --triton-url 127.0.0.1:18001 --port 18080 \
+        --voices-dir "/tmp/voices_$TAG" > "$OUT/gateway_$TAG.log" 2>&1 &
+      gateway_pid=$!
+      for i in $(seq 1 60); do curl -sf localhost:18080/ready > /dev/null && break; sleep 1; done
+      # shellcheck disable=SC2086
+      timeout 400 python benchmark/benchmark_gateway.py --grpc-url 127.0.0.1:18001 \
+        --gateway-url http://127.0.0.1:18080 ${GATEWAY_ARGS:---requests 50 --warmup 5 --max-frames 50 --formats pcm wav mp3 opus} \
+        --out-json "$OUT/gateway_$TAG.json" 2>&1 | tail -10
+      kill -TERM "$gateway_pid"; wait "$gateway_pid" 2>/dev/null
+    else
+      echo "gateway stage skipped: fastapi, uvicorn or python-multipart missing (carry their wheels in .whl/extra)" >&2
+    fi
   fi
   curl -s localhost:18002/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_$TAG.txt"
   pkill -TERM -f tritonserver; sleep 5; pkill -KILL -f triton_python_backend_stub

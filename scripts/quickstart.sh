@@ -67,7 +67,7 @@ if [ "$mode" = docker ]; then
   name=qwen3-tts-quickstart-$$
   log "building $image from $(basename "$dockerfile") (first build downloads the Triton base image and vLLM: many GB)"
   docker build -f "$dockerfile" -t "$image" "$root"
-  run_args=(--gpus all --shm-size 2g -p 8000:8000 -p 8001:8001 -p 8002:8002 -v qwen3-tts-cache:/cache)
+  run_args=(--gpus all --shm-size 2g -p 8000:8000 -p 8001:8001 -p 8002:8002 -p 8080:8080 -v qwen3-tts-cache:/cache)
   if [ -n "$ckpt" ]; then
     run_args+=(-v "$ckpt:/models/checkpoint:ro")
   else
@@ -133,16 +133,17 @@ log "model repository: $work/repo (checkpoint $ckpt)"
   --max-frames-limit 1024 --default-max-frames 1024 --max-text-chars 500 --max-instruct-chars 200
 
 # free ports (the CI machine is shared)
-read -r http grpc metrics < <("$py" -c "
+read -r http grpc metrics gateway < <("$py" -c "
 import socket
-ss=[socket.socket() for _ in range(3)]
+ss=[socket.socket() for _ in range(4)]
 [s.bind(('127.0.0.1', 0)) for s in ss]
 print(*[s.getsockname()[1] for s in ss]); [s.close() for s in ss]")
 export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
 export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
 rm -f "$work/tritonserver.log"
 "$py" -m triton_qwen3_tts.tools.launcher --model-repository "$work/repo" --http-port "$http" --grpc-port "$grpc" \
-  --metrics-port "$metrics" --log "$work/tritonserver.log" > "$work/launcher.log" 2>&1 &
+  --metrics-port "$metrics" --log "$work/tritonserver.log" --gateway-port "$gateway" \
+  --gateway-log "$work/gateway.log" > "$work/launcher.log" 2>&1 &
 server_pid=$!
 stop_server() {
   if kill -0 "$server_pid" 2>/dev/null; then
@@ -152,7 +153,7 @@ stop_server() {
   fi
 }
 trap stop_server EXIT INT TERM
-log "server starting (ports http $http, grpc $grpc, metrics $metrics; log $work/tritonserver.log)"
+log "server starting (ports http $http, grpc $grpc, metrics $metrics, gateway $gateway; log $work/tritonserver.log)"
 alive() { kill -0 "$server_pid" 2>/dev/null; }
 if ! wait_ready "http://127.0.0.1:$http/v2/health/ready" "${QUICKSTART_READY_TIMEOUT:-900}" alive; then
   tail -n 60 "$work/tritonserver.log" "$work/launcher.log" >&2 2>/dev/null || true
@@ -171,6 +172,14 @@ assert info.samplerate == 24000, f"sample rate {info.samplerate}, expected 24000
 assert info.channels == 1 and info.frames > 0, (info.channels, info.frames)
 print(f"[quickstart] {sys.argv[1]}: valid WAV, 24 kHz mono, {info.frames / info.samplerate:.2f} s")
 PY
+# the same through the OpenAI-compatible gateway (POST /v1/audio/speech)
+frames=""; [ "$random_ckpt" = 1 ] && frames=', "max_frames": 40'
+wait_ready "http://127.0.0.1:$gateway/ready" 60 alive
+curl -sf "http://127.0.0.1:$gateway/v1/audio/speech" -H 'Content-Type: application/json' \
+  -d "{\"model\": \"qwen3-tts\", \"input\": \"Hello from the gateway.\", \"response_format\": \"wav\"$frames}" \
+  -o "$work/hello-gateway.wav"
+"$py" -c "import soundfile as sf, sys; x, r = sf.read(sys.argv[1]); assert r == 24000 and len(x) > 0, (r, len(x)); \
+print(f'[quickstart] gateway: {sys.argv[1]}: {len(x) / r:.2f} s at {r} Hz')" "$work/hello-gateway.wav"
 if [ "$random_ckpt" = 1 ]; then
   log "REMINDER: $out comes from a RANDOM checkpoint and is noise."
 fi

@@ -53,15 +53,23 @@ def test_the_commands_are_the_documented_ones():
         [
             "qwen3-tts-serve",
             "qwen3-tts-client",
+            "qwen3-tts-gateway",
             "qwen3-tts-build-repository",
             "qwen3-tts-random-checkpoint",
             "qwen3-tts-bench-service",
+            "qwen3-tts-bench-gateway",
             "qwen3-tts-bench-model",
             "qwen3-tts-bench-codec",
         ]
     )
     readme = (ROOT / "README.md").read_text()
-    for name in ("qwen3-tts-serve", "qwen3-tts-client", "qwen3-tts-build-repository", "qwen3-tts-random-checkpoint"):
+    for name in (
+        "qwen3-tts-serve",
+        "qwen3-tts-client",
+        "qwen3-tts-gateway",
+        "qwen3-tts-build-repository",
+        "qwen3-tts-random-checkpoint",
+    ):
         assert name in readme, name
 
 
@@ -309,7 +317,8 @@ def test_serve_shows_the_cause_of_a_failed_start(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "triton_qwen3_tts.tools.launcher", "--model-repository", str(tmp_path / "repo")]
         + ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-        + ["--log", str(tmp_path / "server.log"), "--ready-timeout", "120", "--cache-dir", str(tmp_path / "c")],
+        + ["--log", str(tmp_path / "server.log"), "--ready-timeout", "120", "--cache-dir", str(tmp_path / "c")]
+        + ["--gateway-port", "0"],
         capture_output=True,
         text=True,
         timeout=180,

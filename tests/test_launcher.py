@@ -63,3 +63,78 @@ def test_server_starts_serves_and_stops(tmp_path):
 def test_missing_repository_is_a_clear_error(tmp_path):
     with pytest.raises(launcher.LaunchError, match="does not exist"):
         launcher.server_command(str(tmp_path / "nope"))
+
+
+def _launch_with_gateway(tmp_path):
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    repo = tmp_path / "repo" / "echo"
+    (repo / "1").mkdir(parents=True)
+    (repo / "config.pbtxt").write_text(CONFIG)
+    (repo / "1" / "model.py").write_text(ECHO)
+    http, grpc, metrics, gw = free_ports(4)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = open(tmp_path / "launcher.txt", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "triton_qwen3_tts.tools.launcher", "--model-repository", str(tmp_path / "repo")]
+        + ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+        + ["--gateway-port", str(gw), "--log", str(tmp_path / "server.log")]
+        + ["--gateway-log", str(tmp_path / "gateway.log"), "--voices-dir", str(tmp_path / "voices")],
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.time() + 120
+    while True:
+        assert proc.poll() is None, (tmp_path / "launcher.txt").read_text()
+        assert time.time() < deadline, (tmp_path / "launcher.txt").read_text()
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{gw}/health", timeout=2)
+            if "ready:" in (tmp_path / "launcher.txt").read_text():
+                break
+        except OSError:
+            pass
+        time.sleep(0.3)
+    return proc, gw
+
+
+def test_the_launcher_starts_and_stops_the_gateway(tmp_path):
+    import json
+    import signal
+    import urllib.error
+    import urllib.request
+
+    proc, gw = _launch_with_gateway(tmp_path)
+    try:
+        # /ready mirrors the server: ready, but it serves no tts model
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{gw}/ready", timeout=5)
+        assert e.value.code == 503 and json.load(e.value)["error"]["code"] == "UNAVAILABLE"
+        assert f"gateway http://127.0.0.1:{gw}/v1" in (tmp_path / "launcher.txt").read_text()
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C
+        assert proc.wait(60) == 0
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(f"http://127.0.0.1:{gw}/health", timeout=2)
+
+
+def test_a_dead_gateway_stops_the_launcher(tmp_path):
+    import signal
+    import subprocess
+
+    proc, gw = _launch_with_gateway(tmp_path)
+    try:
+        pids = subprocess.run(["pgrep", "-f", f"gateway.main.*--port {gw}"], capture_output=True, text=True).stdout
+        assert pids.split(), "no gateway process"
+        for pid in pids.split():
+            os.kill(int(pid), signal.SIGKILL)
+        assert proc.wait(60) == launcher.EXIT_GATEWAY_DIED
+        assert "the gateway exited" in (tmp_path / "launcher.txt").read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -1,7 +1,7 @@
 """The package's import direction (docs/design/package.md, "Layers"), checked on the source.
 
-Layers, lowest first: ``model`` <- ``engines`` and ``export`` <- ``serving`` <- ``tools``. A module
-may import its own layer and the layers below, never one above; ``engines.vllm`` and
+Layers, lowest first: ``model`` <- ``engines`` and ``export`` <- ``serving`` <- ``gateway`` <-
+``tools``. A module may import its own layer and the layers below, never one above; ``engines.vllm`` and
 ``engines.native`` never import each other; only the ``serving/*/triton.py`` modules import
 ``triton_python_backend_utils``; ``model`` imports neither vLLM nor Triton. Imports inside
 functions count too (every ``import`` node of the file is read).
@@ -16,7 +16,7 @@ import pytest
 
 PKG = "triton_qwen3_tts"
 ROOT = Path(__file__).resolve().parents[1] / PKG
-RANK = {"model": 0, "engines": 1, "export": 1, "serving": 2, "tools": 3}
+RANK = {"model": 0, "engines": 1, "export": 1, "serving": 2, "gateway": 3, "tools": 4}
 
 
 def _modules():

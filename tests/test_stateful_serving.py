@@ -301,7 +301,8 @@ class Sender:
     def __init__(self):
         self.items, self.finals = [], 0
 
-    def audio(self, samples, final):
+    def audio(self, samples, final, sample_rate=24000):
+        self.rates = getattr(self, "rates", []) + [sample_rate]
         self.items.append(("audio", samples, final))
         self.finals += final
 

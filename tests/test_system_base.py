@@ -170,6 +170,20 @@ def test_lru_eviction_then_unknown_voice_id(server):
     assert server.is_ready()
 
 
+def test_other_audio_for_a_stored_voice_id_needs_replace_voice(server):
+    from triton_qwen3_tts.tools.client import TtsError
+
+    kw = dict(text="hi", ref_sample_rate=RATE, x_vector_only=True, voice_id="taken", max_frames=2)
+    synth(server, ref_audio=ref_wave(20), **kw)
+    with pytest.raises(TtsError) as e:
+        synth(server, ref_audio=ref_wave(21), **kw)
+    assert e.value.code == "INVALID_ARG" and "voice_id:" in str(e.value) and "replace_voice" in str(e.value)
+    before = snapshot(server)
+    synth(server, ref_audio=ref_wave(21), replace_voice=True, **kw)
+    synth(server, ref_audio=ref_wave(21), **kw)  # the replacement is stored: a hit now
+    assert delta(server, before)["speaker"] == 1 and delta(server, before)["hits"] == 1
+
+
 GOOD = ref_wave(5)
 BAD = [
     (dict(ref_audio=np.zeros(2 * RATE, np.float32), ref_sample_rate=RATE, x_vector_only=True), "ref_audio", "silence"),

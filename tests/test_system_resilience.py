@@ -58,6 +58,8 @@ class Supervised:
                 self.log,
                 "--max-restarts",
                 "2",
+                "--gateway-port",
+                "0",
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -49,7 +49,8 @@ class Sender:
     def __init__(self):
         self.items, self.finals = [], 0
 
-    def audio(self, samples, final):
+    def audio(self, samples, final, sample_rate=24000):
+        self.rates = getattr(self, "rates", []) + [sample_rate]
         self.items.append(("audio", samples, final))
         self.finals += final
 
@@ -93,6 +94,35 @@ def test_non_stream_and_int16():
     )
     assert len(send.items) == 1 and send.items[0][2]
     assert send.items[0][1].dtype == np.int16 and send.items[0][1].shape == (30 * SPF,)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("rate", [8000, 16000, 44100, 48000])
+def test_sample_rate_resamples_the_stream_to_the_one_shot_result(rate, stream):
+    """sample_rate: the streamed chunks, resampled one by one (soxr's stream), add up to the
+    whole utterance resampled at once, and every response says the rate."""
+    import soxr
+
+    ref_talker, ref_send = FakeTalker(FRAMES, 3), Sender()
+    asyncio.run(service(ref_talker).handle({"text": b("hi")}, ref_send))
+    at24 = np.concatenate([x[1] for x in ref_send.items])
+    talker, send = FakeTalker(FRAMES, 3), Sender()
+    inputs = {"text": b("hi"), "sample_rate": np.array([rate], np.int32), "stream": np.array([stream])}
+    asyncio.run(service(talker).handle(inputs, send))
+    assert send.finals == 1 and set(send.rates) == {rate} and (len(send.items) > 1) == stream
+    got = np.concatenate([x[1] for x in send.items])
+    want = soxr.resample(at24, 24000, rate, quality="HQ")
+    assert abs(got.shape[0] - 30 * SPF * rate / 24000) <= 1
+    n = min(got.shape[0], want.shape[0])
+    np.testing.assert_allclose(got[:n], want[:n], atol=1e-5)
+
+
+@pytest.mark.parametrize("rate", [7999, 48001, 0])
+def test_sample_rate_out_of_range_is_invalid_arg(rate):
+    talker, send = FakeTalker(FRAMES), Sender()
+    asyncio.run(service(talker).handle({"text": b("hi"), "sample_rate": np.array([rate], np.int32)}, send))
+    kind, err, _ = send.items[-1]
+    assert kind == "error" and err.field == "sample_rate" and "8000" in str(err) and not talker.started
 
 
 def test_invalid_request_gets_one_error_and_no_talker_call():
@@ -210,10 +240,10 @@ class SlotProbe(Sender):
         super().__init__()
         self.svc, self.in_flight_at_final = svc, []
 
-    def audio(self, samples, final):
+    def audio(self, samples, final, sample_rate=24000):
         if final:
             self.in_flight_at_final.append(self.svc.admission.in_flight)
-        super().audio(samples, final)
+        super().audio(samples, final, sample_rate)
 
     def error(self, err):
         self.in_flight_at_final.append(self.svc.admission.in_flight)

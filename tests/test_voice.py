@@ -118,13 +118,80 @@ def test_first_request_stores_second_hits_without_encoding():
     assert cache.stats.hits == 3 and cache.stats.misses == 1
 
 
-def test_other_audio_under_the_same_id_replaces_it():
+def test_other_audio_under_a_stored_id_is_refused_unless_replace_voice():
     cache, enc = VoiceCache(4), FakeEncoders()
-    r1 = resolve(cache, enc, ref_audio=AUDIO, ref_sample_rate=sr(), x_vector_only=np.array([True]), voice_id=b("v"))
-    r2 = resolve(cache, enc, ref_audio=AUDIO2, ref_sample_rate=sr(), x_vector_only=np.array([True]), voice_id=b("v"))
+    xv = np.array([True])
+    r1 = resolve(cache, enc, ref_audio=AUDIO, ref_sample_rate=sr(), x_vector_only=xv, voice_id=b("v"))
+    with pytest.raises(RequestError) as e:
+        resolve(cache, enc, ref_audio=AUDIO2, ref_sample_rate=sr(), x_vector_only=xv, voice_id=b("v"))
+    assert e.value.field == "voice_id" and "replace_voice" in str(e.value)
+    assert error_code_name(e.value) == "INVALID_ARG"
+    assert len(enc.calls) == 1  # refused before any encoder ran; the stored voice is unchanged
+    np.testing.assert_array_equal(cache.get("v").speaker_embedding, r1.speaker_embedding)
+    r2 = resolve(
+        cache, enc, ref_audio=AUDIO2, ref_sample_rate=sr(), x_vector_only=xv, voice_id=b("v"), replace_voice=xv
+    )
     assert not r2.cache_hit and len(enc.calls) == 2
     assert not np.array_equal(r1.speaker_embedding, r2.speaker_embedding)
     np.testing.assert_array_equal(cache.get("v").speaker_embedding, r2.speaker_embedding)
+    assert cache.get("v").fingerprint == fingerprint(AUDIO2, 24000)
+
+
+class SlowEncoders(FakeEncoders):
+    """Encoders that yield to the event loop, so concurrent requests interleave inside encode."""
+
+    async def __call__(self, audio, rate, need_codes):
+        await asyncio.sleep(0.01 if float(np.sum(np.abs(audio))) > float(np.sum(np.abs(AUDIO))) else 0.02)
+        return await super().__call__(audio, rate, need_codes)
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_concurrent_registrations_of_one_id_have_a_defined_outcome(replace):
+    """Two requests register voice_id "v" at once with different audio: both miss and encode; the
+    first to finish encoding (AUDIO2's, the faster here) is stored. Without replace_voice the
+    other is refused; with it both succeed and the last stored (AUDIO's) stays."""
+    cache, enc = VoiceCache(4), SlowEncoders()
+    kw = dict(ref_sample_rate=sr(), x_vector_only=np.array([True]), voice_id=b("v"))
+    if replace:
+        kw["replace_voice"] = np.array([True])
+
+    async def both():
+        return await asyncio.gather(
+            resolve_voice(req(ref_audio=AUDIO, **kw), cache, enc),
+            resolve_voice(req(ref_audio=AUDIO2, **kw), cache, enc),
+            return_exceptions=True,
+        )
+
+    r_audio, r_audio2 = asyncio.run(both())
+    assert len(enc.calls) == 2 and not r_audio2.cache_hit
+    if replace:
+        assert not isinstance(r_audio, Exception)
+        assert cache.get("v").fingerprint == fingerprint(AUDIO, 24000)
+    else:
+        assert isinstance(r_audio, RequestError) and r_audio.field == "voice_id", r_audio
+        assert cache.get("v").fingerprint == fingerprint(AUDIO2, 24000)
+        np.testing.assert_array_equal(cache.get("v").speaker_embedding, r_audio2.speaker_embedding)
+
+
+def test_same_audio_registered_concurrently_is_no_conflict():
+    cache, enc = VoiceCache(4), SlowEncoders()
+    kw = dict(ref_audio=AUDIO, ref_sample_rate=sr(), x_vector_only=np.array([True]), voice_id=b("v"))
+
+    async def both():
+        return await asyncio.gather(resolve_voice(req(**kw), cache, enc), resolve_voice(req(**kw), cache, enc))
+
+    r1, r2 = asyncio.run(both())
+    np.testing.assert_array_equal(r1.speaker_embedding, r2.speaker_embedding)
+
+
+def test_replace_voice_needs_ref_audio_and_voice_id_and_task_base():
+    with pytest.raises(RequestError) as e:
+        req(voice_id=b("v"), replace_voice=np.array([True]))
+    assert e.value.field == "replace_voice"
+    with pytest.raises(RequestError) as e:
+        parse_tts_request({"text": b("hi"), "replace_voice": np.array([True])}, LIM)
+    assert e.value.field == "replace_voice"
+    assert req(voice_id=b("v")).replace_voice is False
 
 
 def test_xvector_entry_cannot_serve_in_context_without_audio():
@@ -278,7 +345,8 @@ class Sender:
     def __init__(self):
         self.items = []
 
-    def audio(self, samples, final):
+    def audio(self, samples, final, sample_rate=24000):
+        self.rates = getattr(self, "rates", []) + [sample_rate]
         self.items.append(("audio", samples, final))
 
     def error(self, err):

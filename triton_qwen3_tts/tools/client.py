@@ -42,7 +42,9 @@ _INPUT_TYPES = {
     "ref_text": "BYTES",
     "x_vector_only": "BOOL",
     "voice_id": "BYTES",
+    "replace_voice": "BOOL",
     "sample_format": "BYTES",
+    "sample_rate": "INT32",
     "stream": "BOOL",
     "temperature": "FP32",
     "top_k": "INT32",
@@ -420,7 +422,7 @@ def main(argv=None) -> int:
         epilog="A server error is printed as one line 'error: ...' on stderr (exit status 1).",
     )
     p.add_argument("--text", required=True, help="what to say (UTF-8)")
-    p.add_argument("--out", default="out.wav", help="output WAV (24 kHz)")
+    p.add_argument("--out", default="out.wav", help="output WAV (24 kHz unless --sample-rate)")
     p.add_argument("--url", default=None, help="server address (default 127.0.0.1:8001 gRPC, :8000 with --http)")
     p.add_argument("--http", action="store_true", help="use HTTP generate_stream instead of gRPC streaming")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each response (default 300)")
@@ -441,11 +443,20 @@ def main(argv=None) -> int:
     p.add_argument("--x-vector-only", action="store_true")
     p.add_argument("--voice-id")
     p.add_argument(
+        "--replace-voice",
+        action="store_true",
+        help="with --ref-audio and --voice-id: replace a voice stored under that id from other audio "
+        "(without it the server refuses other audio for a stored id)",
+    )
+    p.add_argument(
         "--sample-format",
         choices=allowed["sample_format"],
         help="audio samples: "
         + " or ".join(allowed["sample_format"])
         + f" (default {allowed['default_sample_format']})",
+    )
+    p.add_argument(
+        "--sample-rate", type=int, help="output rate in Hz, 8000-48000 (default 24000; the server resamples)"
     )
     p.add_argument("--no-stream", action="store_true", help="one response with the whole utterance")
     # the official generation controls (default: the checkpoint's generation_config.json)
@@ -471,6 +482,7 @@ def main(argv=None) -> int:
         ref_text=a.ref_text,
         voice_id=a.voice_id,
         sample_format=a.sample_format,
+        sample_rate=a.sample_rate,
         temperature=a.temperature,
         top_k=a.top_k,
         top_p=a.top_p,
@@ -485,6 +497,8 @@ def main(argv=None) -> int:
         kw["stream"] = False
     if a.x_vector_only:
         kw["x_vector_only"] = True
+    if a.replace_voice:
+        kw["replace_voice"] = True
     if a.ignore_eos:
         kw["ignore_eos"] = True
     if a.ref_audio:

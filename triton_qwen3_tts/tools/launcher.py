@@ -22,6 +22,12 @@ While it runs, the launcher watches every stub of its server and, when one dies,
 and starts it again (``--max-restarts``, default 5; ``--max-restarts 0`` exits with status 3
 instead, for an orchestrator that restarts containers). Readiness is false while it restarts.
 
+Gateway: unless ``--gateway-port 0``, the launcher also starts the OpenAI-compatible HTTP gateway
+(``qwen3-tts-gateway``, :mod:`triton_qwen3_tts.gateway`) on ``--gateway-port`` (default 8080),
+pointed at the server's gRPC port, in its own process group; it keeps running while the server
+restarts (its ``/ready`` says so) and is stopped with the server. If it dies, the launcher stops
+the server and exits with status 4.
+
 Usage: ``qwen3-tts-serve --model-repository DIR [--http-port 8000 ...]`` (the same as ``python -m
 triton_qwen3_tts.tools.launcher``): prints progress while it waits for readiness, then serves until
 interrupted. If the server fails to start, it prints the log lines that carry the cause.
@@ -50,6 +56,8 @@ IMAGE_SERVER = "/opt/tritonserver/bin/tritonserver"
 IMAGE_BACKENDS = "/opt/tritonserver/backends"
 RESTART_GRACE_S = 2.0  # after a stub died: time for the tts model to fail its requests in flight
 EXIT_STUB_DIED = 3
+EXIT_GATEWAY_DIED = 4
+GATEWAY_MODULES = ("fastapi", "uvicorn", "multipart", "av", "soxr")  # requirements/cpu-3-serving.txt
 
 
 class LaunchError(RuntimeError):
@@ -352,6 +360,65 @@ def start_server(
     return server
 
 
+def gateway_command(
+    grpc_port: int, port: int, address: str = "127.0.0.1", voices_dir: Optional[str] = None, model: str = "tts"
+) -> List[str]:
+    """The command line of the gateway beside a server on ``grpc_port``."""
+    argv = [sys.executable, "-m", "triton_qwen3_tts.gateway.main", "--triton-url", f"127.0.0.1:{grpc_port}"]
+    argv += ["--host", address, "--port", str(port), "--model", model]
+    if voices_dir:
+        argv += ["--voices-dir", voices_dir]
+    return argv
+
+
+def missing_gateway_modules() -> List[str]:
+    import importlib.util
+
+    return [m for m in GATEWAY_MODULES if importlib.util.find_spec(m) is None]
+
+
+class Gateway:
+    """The gateway process (its own process group; log appended to ``log_path``)."""
+
+    def __init__(self, argv: List[str], env: dict, log_path: str):
+        self.argv, self.env, self.log_path = argv, env, log_path
+        self.proc: Optional[subprocess.Popen] = None
+
+    def start(self) -> "Gateway":
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 8.0) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                _signal_group(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self._log.close()
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"\n".join(f.read().splitlines()[-n:]).decode("utf-8", "replace")
+        except OSError:
+            return "(no log)"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="qwen3-tts-serve",
@@ -388,8 +455,34 @@ def main(argv=None) -> int:
     p.add_argument(
         "--stop-timeout", type=float, default=8.0, help="seconds a stopping server gets before it is killed (default 8)"
     )
+    p.add_argument(
+        "--gateway-port",
+        type=int,
+        default=8080,
+        help="port of the OpenAI-compatible HTTP gateway (/v1/audio/speech; default 8080; 0: no gateway)",
+    )
+    p.add_argument(
+        "--voices-dir",
+        default=None,
+        help="the gateway's voice store (default $QWEN3_TTS_CACHE/voices, else ~/.cache/triton_qwen3_tts/voices)",
+    )
+    p.add_argument("--gateway-log", default="gateway.log", help="the gateway's log file (default gateway.log)")
     p.add_argument("extra", nargs="*", help="extra tritonserver arguments (after --)")
     a = p.parse_args(argv)
+    gateway = None
+    if a.gateway_port:
+        missing = missing_gateway_modules()
+        if missing:
+            print(
+                f"error: the gateway needs {', '.join(missing)} (pip install -r requirements/cpu-3-serving.txt, "
+                "or 'triton-qwen3-tts[gateway]'); or pass --gateway-port 0",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
+        if _port_in_use(a.gateway_port):
+            print(f"error: gateway port {a.gateway_port} is already in use", file=sys.stderr, flush=True)
+            return 1
     try:
         cmd = server_command(
             a.model_repository, a.http_port, a.grpc_port, a.metrics_port, a.address, a.extra, prefer=a.server
@@ -401,6 +494,15 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     print(f"tritonserver ({cmd.kind}) starting; log: {os.path.abspath(a.log)}; cache: {cache}", flush=True)
+    if a.gateway_port:
+        voices = os.path.abspath(os.path.expanduser(a.voices_dir)) if a.voices_dir else os.path.join(cache, "voices")
+        genv = dict(os.environ, **{CACHE_ENV: cache})
+        gateway = Gateway(gateway_command(a.grpc_port, a.gateway_port, a.address, voices), genv, a.gateway_log)
+        gateway.start()
+        print(
+            f"gateway starting on {a.address}:{a.gateway_port}; log: {os.path.abspath(a.gateway_log)}; voices: {voices}",
+            flush=True,
+        )
     stop = {"flag": False}
 
     def _on_signal(signum, frame):
@@ -422,14 +524,22 @@ def main(argv=None) -> int:
                     return 0
                 print(f"error: {e}", file=sys.stderr, flush=True)
                 return 1
-            print(f"ready: grpc {server.grpc_url}, http {server.http_url}, metrics :{a.metrics_port}", flush=True)
+            gw = f", gateway http://127.0.0.1:{a.gateway_port}/v1" if gateway else ""
+            print(f"ready: grpc {server.grpc_url}, http {server.http_url}, metrics :{a.metrics_port}{gw}", flush=True)
             if restarts == 0:
                 print(
                     f'try: qwen3-tts-client --url {server.grpc_url} --text "Hello there." --out hello.wav '
                     "(Ctrl-C here stops the server)",
                     flush=True,
                 )
-            dead = supervise(server, stop)
+            dead = supervise(server, stop, gateway=gateway)
+            if gateway is not None and not gateway.alive() and not stop["flag"]:
+                print(
+                    f"error: the gateway exited ({gateway.proc.returncode}); its log's end:\n{gateway.log_tail()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return EXIT_GATEWAY_DIED
             if not dead:
                 break
             names = ", ".join(f"{s.instance} (pid {s.pid})" for s in dead)
@@ -450,15 +560,18 @@ def main(argv=None) -> int:
             server.stop(a.stop_timeout)
             server.start()
     finally:
+        if gateway is not None:
+            gateway.stop(a.stop_timeout)
         server.stop(a.stop_timeout)
     return 0 if stop["flag"] else (server.proc.returncode or 1)
 
 
-def supervise(server: "TritonServer", stop: dict, interval: float = 0.5) -> list:
-    """Block while the server runs and ``stop["flag"]`` is unset; returns the stubs that died
-    (empty when the server exited or a stop was asked for)."""
+def supervise(server: "TritonServer", stop: dict, interval: float = 0.5, gateway: Optional[Gateway] = None) -> list:
+    """Block while the server (and the gateway, if any) runs and ``stop["flag"]`` is unset;
+    returns the stubs that died (empty when the server or the gateway exited or a stop was asked
+    for)."""
     watch = StubWatch(server.proc.pid)
-    while not stop["flag"] and server.proc.poll() is None:
+    while not stop["flag"] and server.proc.poll() is None and (gateway is None or gateway.alive()):
         dead = watch.poll()
         if dead:
             return dead

@@ -140,6 +140,27 @@ async def forward_audio(
     yield AudioChunk(np.zeros(0, np.float32), total, 0, True)
 
 
+class StreamResampler:
+    """Streaming float32 mono resampling with soxr's ``ResampleStream`` (quality "HQ", the same
+    filter as ``model/audio.py`` ``resample``); the identity when the rates are equal. Feed the
+    chunks in order; ``last=True`` on the final one flushes the filter's delay, so the stream
+    ends with ``round(n * out_rate / in_rate)`` samples in all (within one sample)."""
+
+    def __init__(self, in_rate: int, out_rate: int):
+        self.in_rate, self.out_rate = int(in_rate), int(out_rate)
+        self._rs = None
+        if self.in_rate != self.out_rate:
+            import soxr
+
+            self._rs = soxr.ResampleStream(self.in_rate, self.out_rate, 1, dtype="float32", quality="HQ")
+
+    def process(self, samples: np.ndarray, last: bool = False) -> np.ndarray:
+        x = np.ascontiguousarray(samples, dtype=np.float32).reshape(-1)
+        if self._rs is None:
+            return x
+        return np.asarray(self._rs.resample_chunk(x, last=last), dtype=np.float32)
+
+
 def to_sample_format(samples: np.ndarray, sample_format: str) -> np.ndarray:
     """float32 [-1, 1] -> the requested wire format."""
     if sample_format == "float32":

@@ -33,6 +33,7 @@ __all__ = [
 TASK_TYPES = ("CustomVoice", "VoiceDesign", "Base")
 SAMPLE_FORMATS = ("float32", "int16")
 MAX_VOICE_ID_CHARS = 256
+OUTPUT_RATES = (8000, 48000)  # the sample_rate input's range (the model's own rate is 24000)
 
 
 class RequestError(ValueError):
@@ -128,7 +129,9 @@ TTS_INPUTS = {
     "ref_text": ("BYTES", "str"),
     "x_vector_only": ("BOOL", "bool"),
     "voice_id": ("BYTES", "str"),
+    "replace_voice": ("BOOL", "bool"),
     "sample_format": ("BYTES", "str"),
+    "sample_rate": ("INT32", "int"),
     "stream": ("BOOL", "bool"),
     "temperature": ("FP32", "float"),
     "top_k": ("INT32", "int"),
@@ -220,6 +223,10 @@ class TtsRequest:
     seed: Optional[int]
     max_frames: int
     ignore_eos: bool
+    # with ref_audio and voice_id: replace a cached voice of this id stored from other audio
+    replace_voice: bool = False
+    # the output's rate: the model's 24 kHz audio is resampled to it (soxr) when it differs
+    sample_rate: int = 24000
 
     def with_(self, **kw) -> "TtsRequest":
         return replace(self, **kw)
@@ -314,6 +321,11 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
     instruct = _text("instruct", v["instruct"], limits.max_instruct_chars, required=False)
     sample_format = _choice("sample_format", v["sample_format"], SAMPLE_FORMATS, limits.default_sample_format)
     stream = limits.default_stream if v["stream"] is None else v["stream"]
+    sample_rate = 24000 if v["sample_rate"] is None else v["sample_rate"]
+    if not OUTPUT_RATES[0] <= sample_rate <= OUTPUT_RATES[1]:
+        raise RequestError(
+            "sample_rate", f"must be in [{OUTPUT_RATES[0]}, {OUTPUT_RATES[1]}] Hz (default 24000), got {sample_rate}"
+        )
 
     sampling = check_sampling(
         {name: v[name] for name in SAMPLING_INPUTS},
@@ -360,6 +372,8 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
     if task == "VoiceDesign" and instruct is None:
         raise RequestError("instruct", "is required for task_type VoiceDesign (describe the voice)")
     if task == "Base":
+        if v["replace_voice"] and (ref_audio is None or voice_id is None):
+            raise RequestError("replace_voice", "needs ref_audio and voice_id (the voice to store under that id)")
         if ref_audio is None and voice_id is None:
             raise RequestError(
                 "ref_audio", "task_type Base needs ref_audio (with ref_sample_rate) or a cached voice_id"
@@ -381,6 +395,7 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
             ("ref_text", ref_text),
             ("voice_id", voice_id),
             ("x_vector_only", x_vector_only),
+            ("replace_voice", v["replace_voice"]),
         ):
             if val is not None:
                 raise RequestError(name, f"is only used with task_type Base, not {task}")
@@ -402,4 +417,6 @@ def parse_tts_request(inputs: Mapping[str, Any], limits: TtsLimits) -> TtsReques
         seed=seed,
         max_frames=max_frames,
         ignore_eos=bool(v["ignore_eos"] or False),
+        replace_voice=bool(v["replace_voice"] or False),
+        sample_rate=sample_rate,
     )

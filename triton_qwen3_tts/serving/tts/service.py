@@ -29,7 +29,13 @@ from triton_qwen3_tts.serving.tts.chunks import ChunkScheduler, ScheduleConfig
 from triton_qwen3_tts.serving.tts.admission import Admission, Overloaded
 from triton_qwen3_tts.serving.faults import PeerDied, Stalled
 from triton_qwen3_tts.serving.model_config import TtsModelConfig
-from triton_qwen3_tts.serving.tts.pipeline import Cancelled, forward_audio, stream_audio, to_sample_format
+from triton_qwen3_tts.serving.tts.pipeline import (
+    Cancelled,
+    StreamResampler,
+    forward_audio,
+    stream_audio,
+    to_sample_format,
+)
 from triton_qwen3_tts.serving.tts.request import SAMPLING_INPUTS, RequestError, TtsRequest, parse_tts_request
 from triton_qwen3_tts.serving.tts.codec_session import LiveCounter, open_session
 from triton_qwen3_tts.serving.tts.voice import Encode, ResolvedVoice, VoiceCache, resolve_voice
@@ -63,7 +69,7 @@ class CodecClient(Protocol):
 
 
 class Sender(Protocol):
-    def audio(self, samples: np.ndarray, final: bool) -> None: ...
+    def audio(self, samples: np.ndarray, final: bool, sample_rate: int = SAMPLE_RATE) -> None: ...
     def error(self, err: Exception) -> None: ...  # always final
 
 
@@ -81,10 +87,10 @@ class _FreeSlotBeforeFinal:
             self._done = True
             self._free()
 
-    def audio(self, samples: np.ndarray, final: bool) -> None:
+    def audio(self, samples: np.ndarray, final: bool, sample_rate: int = SAMPLE_RATE) -> None:
         if final:
             self.free()
-        self._send.audio(samples, final)
+        self._send.audio(samples, final, sample_rate)
 
     def error(self, err: Exception) -> None:
         self.free()
@@ -327,6 +333,8 @@ class TtsService:
             first = True
             n_frames = 0
             collected = []
+            rate = req.sample_rate
+            resampler = StreamResampler(SAMPLE_RATE, rate)
             async for chunk in chunks:
                 n_frames += chunk.num_frames
                 if chunk.samples.size and first:
@@ -334,11 +342,13 @@ class TtsService:
                     self.metrics.first_audio(time.monotonic() - t0)
                 if req.stream:
                     if chunk.samples.size or chunk.final:
-                        send.audio(to_sample_format(chunk.samples, req.sample_format), chunk.final)
+                        out = resampler.process(chunk.samples, last=chunk.final)
+                        send.audio(to_sample_format(out, req.sample_format), chunk.final, rate)
                 else:
                     collected.append(chunk.samples)
                     if chunk.final:
-                        send.audio(to_sample_format(np.concatenate(collected), req.sample_format), True)
+                        out = resampler.process(np.concatenate(collected), last=True)
+                        send.audio(to_sample_format(out, req.sample_format), True, rate)
                 finished = finished or chunk.final
             self.metrics.frames(n_frames)
             self.metrics.audio_seconds(n_frames * 1920 / SAMPLE_RATE)

@@ -277,8 +277,9 @@ class _Sender:
     def cancelled(self):
         return self.request is None or self.request.is_cancelled()
 
-    def audio(self, samples, final):
-        resp = pb_utils.InferenceResponse([pb_utils.Tensor("audio", samples), pb_utils.Tensor("sample_rate", _SR)])
+    def audio(self, samples, final, sample_rate=SAMPLE_RATE):
+        sr = _SR if sample_rate == SAMPLE_RATE else np.array([sample_rate], np.int32)
+        resp = pb_utils.InferenceResponse([pb_utils.Tensor("audio", samples), pb_utils.Tensor("sample_rate", sr)])
         self._send(resp, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
     def error(self, err):

@@ -13,8 +13,13 @@ reference audio must be encoded (and stored under the ``voice_id``, if one was g
 Rules (docs/design/serving.md, "Voice cloning"):
 
 * ``ref_audio`` + ``voice_id``: the audio's fingerprint (BLAKE2 of sample rate and samples) is
-  compared with the stored one; the same audio is a hit (encoders skipped), other audio is a
-  miss and replaces the entry. A hit in in-context mode on an entry stored without codes
+  compared with the stored one; the same audio is a hit (encoders skipped). Other audio for an id
+  in the cache is refused (``INVALID_ARG`` on ``voice_id``) unless the request sets
+  ``replace_voice``, which replaces the entry. The check is made again, atomically, when the
+  encoded voice is stored (:meth:`VoiceCache.store`): of two concurrent requests that register
+  one id with different audio, the first to finish encoding stores its voice and the other is
+  refused (with ``replace_voice`` both succeed and the last one stored stays). An id that was
+  evicted is free again. A hit in in-context mode on an entry stored without codes
   (x-vector-only) is a miss: the audio is encoded again, codes included.
 * ``voice_id`` alone: a hit uses the stored mode unless ``x_vector_only`` says otherwise;
   in-context mode needs stored codes. An id not in the cache is ``INVALID_ARG`` ("unknown
@@ -42,6 +47,7 @@ __all__ = [
     "ResolvedVoice",
     "fingerprint",
     "resolve_voice",
+    "voice_conflict",
     "MAX_VOICE_CACHE_SIZE",
 ]
 
@@ -97,7 +103,7 @@ class VoiceCache:
         self.capacity = capacity
         self.stats = VoiceCacheStats()
         self._items: "OrderedDict[str, Voice]" = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # store() calls put() under it
         self._on_hit, self._on_miss, self._on_evict, self._on_size = on_hit, on_miss, on_evict, on_size
 
     def __len__(self) -> int:
@@ -135,6 +141,16 @@ class VoiceCache:
         self._on_size(size)
         return n
 
+    def store(self, voice_id: str, voice: Voice, replace: bool) -> int:
+        """:meth:`put`, unless ``voice_id`` holds a voice of another fingerprint and not
+        ``replace``: then :class:`RequestError` (``voice_id``) and the cache is unchanged. The
+        check and the store are one step (no other store can come in between)."""
+        with self._lock:
+            old = self._items.get(voice_id)
+            if old is not None and old.fingerprint != voice.fingerprint and not replace:
+                raise voice_conflict(voice_id)
+            return self.put(voice_id, voice)
+
     def hit(self) -> None:
         with self._lock:
             self.stats.hits += 1
@@ -144,6 +160,14 @@ class VoiceCache:
         with self._lock:
             self.stats.misses += 1
         self._on_miss()
+
+
+def voice_conflict(voice_id: str) -> RequestError:
+    return RequestError(
+        "voice_id",
+        f"voice_id {voice_id!r} is stored with other reference audio; send replace_voice=true to "
+        "replace it, or use another voice_id",
+    )
 
 
 @dataclass(frozen=True)
@@ -178,6 +202,9 @@ async def resolve_voice(req: TtsRequest, cache: VoiceCache, encode: Encode) -> R
 
     if vid is not None:
         entry = cache.get(vid)
+        if entry is not None and fp is not None and fp != entry.fingerprint and not req.replace_voice:
+            cache.miss()
+            raise voice_conflict(vid)
         if entry is not None and (fp is None or fp == entry.fingerprint):
             if req.x_vector_only is not None:
                 xvo = req.x_vector_only
@@ -219,6 +246,7 @@ async def resolve_voice(req: TtsRequest, cache: VoiceCache, encode: Encode) -> R
     spk = np.ascontiguousarray(spk, dtype=np.float32).reshape(-1)
     if codes is not None:
         codes = np.ascontiguousarray(codes, dtype=np.int32)
-    if vid is not None:
-        cache.put(vid, Voice(spk.copy(), None if codes is None else codes.copy(), None if xvo else req.ref_text, fp))
+    if vid is not None:  # refused if another request stored other audio under vid meanwhile
+        voice = Voice(spk.copy(), None if codes is None else codes.copy(), None if xvo else req.ref_text, fp)
+        cache.store(vid, voice, replace=req.replace_voice)
     return ResolvedVoice(spk, codes, None if xvo else req.ref_text, xvo, False)
