@@ -338,3 +338,19 @@ def test_app_without_a_server(app_client):
     assert r.status_code == 404 and r.json()["error"]["param"] == "voice"
     assert c.get("/v1/audio/voices").json() == {"object": "list", "data": []}
     assert c.get("/nowhere").json()["error"]["code"] == "not_found"
+
+
+def test_sampling_controls_reach_the_tts_under_their_input_names():
+    """Every tts sampling input is a speech field, typed as the tts declares it, and forwarded."""
+    from triton_qwen3_tts.gateway.speech import SPEECH_FIELDS, parse_speech, tts_inputs
+    from triton_qwen3_tts.gateway.upstream import TTS_INPUT_TYPES
+    from triton_qwen3_tts.serving.tts.request import SAMPLING_INPUTS, TTS_INPUTS
+
+    assert set(SAMPLING_INPUTS) <= set(SPEECH_FIELDS)
+    assert TTS_INPUT_TYPES == {k: v[0] for k, v in TTS_INPUTS.items()}
+    body = {"model": "qwen3-tts", "input": "hi", "voice": "a", "response_format": "wav"}
+    values = {"temperature": 0.7, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.1}
+    values.update(subtalker_temperature=0.5, subtalker_top_k=10, subtalker_top_p=0.9)
+    inputs = tts_inputs(parse_speech({**body, **values}))
+    for k, v in values.items():
+        assert inputs[k] == pytest.approx(v), k

@@ -11,8 +11,10 @@ Fields: OpenAI's ``model``, ``input``, ``voice``, ``response_format``, ``speed``
 model has no speed control), ``instructions`` (the tts ``instruct``), ``stream_format``
 (``audio``: the encoded bytes as they are produced; ``sse``: server-sent events
 ``speech.audio.delta`` with base64 audio, then ``speech.audio.done``); and Qwen3-TTS's
-``language``, ``speaker`` (a preset speaker, overriding ``voice``), ``temperature``, ``top_k``,
-``seed``, ``max_frames``, ``sample_rate`` (8000-48000 Hz; resampled from 24 kHz by the gateway).
+``language``, ``speaker`` (a preset speaker, overriding ``voice``), the sampling controls under
+the tts input names (``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``,
+``subtalker_temperature``, ``subtalker_top_k``, ``subtalker_top_p``: the gateway checks their
+types, the tts their ranges), ``seed``, ``max_frames``, ``sample_rate`` (8000-48000 Hz; resampled from 24 kHz by the gateway).
 Unknown fields are refused (a misspelt control must not be ignored silently).
 """
 
@@ -41,6 +43,11 @@ SPEECH_FIELDS = (
     "speaker",
     "temperature",
     "top_k",
+    "top_p",
+    "repetition_penalty",
+    "subtalker_temperature",
+    "subtalker_top_k",
+    "subtalker_top_p",
     "seed",
     "max_frames",
     "sample_rate",
@@ -129,6 +136,11 @@ def parse_speech(body: Any) -> SpeechRequest:
     sampling = {
         "temperature": _number(body, "temperature", False, 0.0, 100.0),
         "top_k": _number(body, "top_k", True, 1, 2**31 - 1),
+        "top_p": _number(body, "top_p", False, 0.0, 1.0),
+        "repetition_penalty": _number(body, "repetition_penalty", False, 0.0, 100.0),
+        "subtalker_temperature": _number(body, "subtalker_temperature", False, 0.0, 100.0),
+        "subtalker_top_k": _number(body, "subtalker_top_k", True, 1, 2**31 - 1),
+        "subtalker_top_p": _number(body, "subtalker_top_p", False, 0.0, 1.0),
         "seed": _number(body, "seed", True, 0, 2**63 - 1),
         "max_frames": _number(body, "max_frames", True, 1, 2**31 - 1),
     }

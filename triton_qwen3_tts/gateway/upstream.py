@@ -14,31 +14,12 @@ from typing import Any, AsyncIterator, Dict, Optional
 import numpy as np
 
 from triton_qwen3_tts.gateway.errors import ApiError, from_triton_message
+from triton_qwen3_tts.serving.tts.request import TTS_INPUTS
 
 __all__ = ["Upstream", "TtsStream", "TTS_INPUT_TYPES"]
 
-# the tts model's inputs (model_repository/tts/config.pbtxt.in) -> Triton datatype
-TTS_INPUT_TYPES = {
-    "text": "BYTES",
-    "task_type": "BYTES",
-    "speaker": "BYTES",
-    "language": "BYTES",
-    "instruct": "BYTES",
-    "ref_audio": "FP32",
-    "ref_sample_rate": "INT32",
-    "ref_text": "BYTES",
-    "x_vector_only": "BOOL",
-    "voice_id": "BYTES",
-    "replace_voice": "BOOL",
-    "sample_format": "BYTES",
-    "sample_rate": "INT32",
-    "stream": "BOOL",
-    "temperature": "FP32",
-    "top_k": "INT32",
-    "seed": "INT64",
-    "max_frames": "INT32",
-    "ignore_eos": "BOOL",
-}
+# the tts model's inputs -> Triton datatype, from the one list the tts parses them with
+TTS_INPUT_TYPES = {name: dtype for name, (dtype, _) in TTS_INPUTS.items()}
 _NP = {"BYTES": object, "FP32": np.float32, "INT32": np.int32, "INT64": np.int64, "BOOL": np.bool_}
 
 
