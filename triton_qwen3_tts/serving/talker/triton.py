@@ -19,7 +19,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from triton_qwen3_tts.serving import profiling
-from triton_qwen3_tts.serving.stub import prepare_process
+from triton_qwen3_tts.serving.stub import pin_gpu, prepare_process
 from triton_qwen3_tts.serving.errors import triton_error
 from triton_qwen3_tts.serving.model_config import TalkerModelConfig, parameters_from_model_config
 from triton_qwen3_tts.serving.talker.engines import make_engine, make_frontend
@@ -39,6 +39,7 @@ class TritonPythonModel:
         prepare_process()
         profiling.maybe_start("talker")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         self.cfg = TalkerModelConfig.from_parameters(parameters_from_model_config(json.loads(args["model_config"])))
+        pin_gpu(self.cfg.gpu)  # gpus > 1: this talker_i serves on GPU i only
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="talker-loop", daemon=True)
         self.thread.start()
