@@ -211,10 +211,8 @@ class LocalTalker:
     async def abort(self, request_id: str) -> None:
         if self.loop is None:
             await self.service.engine.abort(request_id)
-        else:
-            await asyncio.wrap_future(
-                asyncio.run_coroutine_threadsafe(self.service.engine.abort(request_id), self.loop)
-            )
+        else:  # the stream's task is the relay's, on the engine's loop: end it there, as aborted
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.service.abort(request_id), self.loop))
 
 
 _RELAY_END = object()
