@@ -9,11 +9,11 @@ the fused pipeline, so the tts hosts two native engines, each with its codec (on
 * a cancel storm that fills both GPUs: every stream is aborted on its own GPU's engine, and the
   per-GPU in-flight gauges and codec states return to 0;
 * admission: beyond max_in_flight per GPU (2 x 2) plus max_queued (2) requests are refused with
-  UNAVAILABLE at once, the admitted ones spread over both GPUs and are served.
-
-The split pipeline's per-GPU models (talker_i, codec_i) are checked in tests/test_repository.py
-and its routing in tests/test_router.py: two talker and two codec stubs per server would cost more
-than this module's time on the 2-core CI machine.
+  UNAVAILABLE at once, the admitted ones spread over both GPUs and are served;
+* the split pipeline with gpus 2 (talker_0/1, codec_decoder_stateful_0/1; a server of its own for
+  one test): Triton's per-model statistics show each stream served by its GPU's talker and codec
+  only. (Its repository layout is checked in tests/test_repository.py, the routing in
+  tests/test_router.py.)
 """
 
 import re
@@ -224,3 +224,67 @@ def test_admission_beyond_every_gpu_is_unavailable(server):
     wait_idle(server)
     assert per_gpu(server, "qwen3_tts_requests_in_flight") == {0: 0, 1: 0}
     assert synth(server, text="Served again.", speaker="aiden", max_frames=4).audio.size == 4 * 1920
+
+
+def test_split_pipeline_serves_each_stream_on_one_talker_and_codec(tiny_checkpoint, tmp_path):
+    """Pipeline split, gpus 2 (native engine, resident stateful codec as on a GPU): talker_0/1 and
+    codec_decoder_stateful_0/1. A long stream goes to GPU 0, one started while it runs to GPU 1,
+    and Triton's own statistics show each stream served by its GPU's pair only: one talker
+    request each, and on each codec one request per chunk its client received plus the release."""
+    import os
+
+    import tritonclient.grpc as grpcclient
+
+    srv = start_tts_server(
+        tiny_checkpoint,
+        tmp_path,
+        engine="native",
+        codec_mode="stateful",
+        gpus="2",
+        max_in_flight=MAX_IN_FLIGHT,
+        max_queued=MAX_QUEUED,
+        first_chunk_frames=1,
+        chunk_ramp="2,4",
+        chunk_frames=8,
+    )
+    models = ("talker_0", "talker_1", "codec_decoder_stateful_0", "codec_decoder_stateful_1")
+
+    def requests():
+        c = grpcclient.InferenceServerClient(srv.grpc_url)
+        out = {}
+        for m in models:
+            st = c.get_inference_statistics(m, as_json=True)["model_stats"][0]["inference_stats"]
+            out[m] = int(st["success"].get("count", 0))
+        return out
+
+    try:
+        assert sorted(os.listdir(tmp_path / "repo")) == sorted(["build.json", "tts", *models])
+        before = requests()
+        res = {}
+        a = threading.Thread(
+            target=lambda: res.__setitem__(
+                "a", synth(srv, text="The first GPU's stream.", speaker="aiden", max_frames=400, ignore_eos=True)
+            )
+        )
+        a.start()
+        wait_for(lambda: per_gpu(srv, "qwen3_tts_requests_in_flight").get(0) == 1, "stream A not admitted", srv)
+        res["b"] = synth(srv, text="The second's.", speaker="aiden", max_frames=20, ignore_eos=True)
+        a.join(120)
+        assert per_gpu(srv, "qwen3_tts_requests_routed_total") == {0: 1, 1: 1}
+        wait_idle(srv)
+        chunks = {k: sum(1 for _, n in r.chunks if n) for k, r in res.items()}
+        assert res["a"].audio.size == 400 * 1920 and res["b"].audio.size == 20 * 1920
+
+        def served():
+            d = {m: v - before[m] for m, v in requests().items()}
+            return d == {
+                "talker_0": 1,
+                "talker_1": 1,
+                "codec_decoder_stateful_0": chunks["a"] + 1,
+                "codec_decoder_stateful_1": chunks["b"] + 1,
+            }
+
+        wait_for(served, lambda: f"per-model requests {requests()} (before {before}), chunks {chunks}", srv)
+        assert metric(srv, "qwen3_tts_codec_resident_states") == 0
+    finally:
+        srv.stop()

@@ -40,6 +40,7 @@ class TritonPythonModel:
         profiling.maybe_start("talker")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         self.cfg = TalkerModelConfig.from_parameters(parameters_from_model_config(json.loads(args["model_config"])))
         pin_gpu(self.cfg.gpu)  # gpus > 1: this talker_i serves on GPU i only
+        self._name = args.get("model_name", "talker")
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="talker-loop", daemon=True)
         self.thread.start()
@@ -65,8 +66,9 @@ class TritonPythonModel:
                 kind=M.COUNTER,
             ),
         }
-        self._responses = self._families["responses"].Metric(labels={"model": "talker"})
-        self._metric = self._families["aborted"].Metric(labels={"model": "talker"})
+        labels = {"model": self._name}  # gpus > 1: talker_0, talker_1, ... each its own series
+        self._responses = self._families["responses"].Metric(labels=labels)
+        self._metric = self._families["aborted"].Metric(labels=labels)
         self._aborted_seen = 0
         self._responses_seen = self.service.stats.responses  # not the warm-up's
 
