@@ -277,3 +277,28 @@ def test_relay_from_a_device_loop():
     finally:
         dl.close()
     assert not dl.thread.is_alive()
+
+
+def test_pin_gpu_refuses_a_gpu_it_cannot_show():
+    """serving/stub.py pin_gpu in a process of its own (it sets CUDA_VISIBLE_DEVICES): an index
+    beyond CUDA_VISIBLE_DEVICES, or a GPU CUDA cannot see (this CPU machine), fails with a message."""
+    import os
+    import subprocess
+    import sys
+
+    code = "from triton_qwen3_tts.serving.stub import pin_gpu; pin_gpu({})"
+    for visible, gpu, msg in (("3", 1, "shows 1 GPU"), (None, 0, "no such GPU")):
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
+        r = subprocess.run([sys.executable, "-c", code.format(gpu)], env=env, capture_output=True, text=True)
+        if msg == "no such GPU" and r.returncode == 0:
+            pytest.skip("a CUDA GPU is visible here")
+        assert r.returncode != 0 and msg in r.stderr, r.stderr[-2000:]
+    r = subprocess.run(
+        [sys.executable, "-c", code.format(-1) + "; import os; print(os.environ.get('CUDA_VISIBLE_DEVICES'))"],
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "5"},
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0 and r.stdout.strip() == "5"  # -1: untouched
