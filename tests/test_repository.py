@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from triton_qwen3_tts.model import presets
-from triton_qwen3_tts.serving.model_config import CodecModelConfig, TalkerModelConfig, TtsModelConfig
+from triton_qwen3_tts.serving.model_config import CodecModelConfig, TalkerModelConfig, TtsModelConfig, instance_count
 from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,16 +155,20 @@ def test_gpus_split_writes_one_talker_and_codec_per_gpu(tiny_checkpoint, tmp_pat
     for i in (0, 1):
         for m in ("talker", "codec_decoder_stateful"):
             txt = open(os.path.join(out, f"{m}_{i}", "config.pbtxt")).read()
-            assert f'name: "{m}_{i}"' in txt and "instance_group [ { kind: KIND_MODEL count: 1 } ]" in txt
+            assert f'name: "{m}_{i}"' in txt
             assert os.path.exists(os.path.join(out, f"{m}_{i}", "1", "model.py"))
-        talker = TalkerModelConfig.from_parameters(
-            params(open(os.path.join(out, f"talker_{i}", "config.pbtxt")).read())
-        )
+        # the talker shows its process only GPU i (vLLM places itself on device 0) ...
+        talker_txt = open(os.path.join(out, f"talker_{i}", "config.pbtxt")).read()
+        assert "instance_group [ { kind: KIND_MODEL count: 1 } ]" in talker_txt
+        talker = TalkerModelConfig.from_parameters(params(talker_txt))
         assert (talker.gpu, talker.device) == (i, "cuda")
+        # ... the codec, which may exchange GPU tensors with the tts, is one KIND_GPU instance there
         codec_txt = open(os.path.join(out, f"codec_decoder_stateful_{i}", "config.pbtxt")).read()
+        assert f"instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ {i} ] }} ]" in codec_txt
         p = params(codec_txt)
         codec = CodecModelConfig.from_parameters({k: v for k, v in p.items() if k != "FORCE_CPU_ONLY_INPUT_TENSORS"})
-        assert (codec.gpu, codec.state) == (i, "resident")
+        assert codec.state == "resident" and "gpu" not in p
+        assert instance_count({"instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [i]}]}) == 1
     tts = TtsModelConfig.from_parameters(params(open(os.path.join(out, "tts", "config.pbtxt")).read()))
     assert (tts.gpus, tts.talker_model, tts.codec_model) == ("2", "talker", "codec_decoder_stateful")
     assert json.load(open(os.path.join(out, "build.json")))["models"] == _models(out)
@@ -229,6 +233,8 @@ def test_gpus_errors(ckpt, tmp_path, monkeypatch):
         RepositorySettings(checkpoint=ckpt, codec_backend="python", device="gpu", gpus="all"), str(tmp_path / "r")
     )
     assert "talker_1" in _models(out)
+    txt = open(os.path.join(out, "codec_decoder_1", "config.pbtxt")).read()  # the windowed Python codec
+    assert 'name: "codec_decoder_1"' in txt and "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 1 ] } ]" in txt
     assert params(open(os.path.join(out, "tts", "config.pbtxt")).read())["gpus"] == "2"
 
 

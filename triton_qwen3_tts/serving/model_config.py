@@ -222,12 +222,9 @@ class CodecModelConfig:
     state: str = "request"
     state_slots: int = 128
     state_idle_timeout_s: float = default("codec_state_idle_timeout_s")
-    # split pipeline with gpus > 1: the index of the GPU this codec runs on (-1: the default one)
-    gpu: int = -1
 
     def __post_init__(self):
         _choice("runtime", self.runtime, choices("codec_runtime"))
-        _check_gpu(self.gpu, self.device)
         _choice("state", self.state, STATE_RESIDENCY)
         if not 1 <= self.state_slots <= 65536:
             raise ModelConfigError(f"parameter 'state_slots' must be in [1, 65536], got {self.state_slots}")

@@ -167,19 +167,22 @@ def lane_count(s, gpus_found=None) -> int:
 
 def _lane_config(text: str, name: str, gpu) -> str:
     """A per-GPU copy of a talker or codec model's config: named ``name`` and, on a GPU, placed
-    on GPU ``gpu``: a TensorRT model through its instance group (``gpus: [ gpu ]``), a Python one
-    through the ``gpu`` parameter (it pins its process to that GPU, serving/stub.py pin_gpu; one
-    instance, KIND_MODEL: Triton would otherwise start one on every GPU)."""
+    on GPU ``gpu``. A codec through its instance group (``kind: KIND_GPU ... gpus: [ gpu ]``; a
+    Python codec makes that GPU its current device, serving/stub.py use_instance_gpu; the resident
+    stateful codec keeps its one instance); the talker (KIND_MODEL) through its ``gpu`` parameter
+    (it shows its process only that GPU, serving/stub.py pin_gpu, which places vLLM too)."""
     text, n = re.subn(r'^name: "[^"]*"', f'name: "{name}"', text, count=1, flags=re.M)
     if n != 1:
         raise RepositoryError(f"{name}: its template has no name line")
     if gpu is None:  # cpu: N pipelines share the host
         return text
+    if name.startswith("talker"):
+        return text + f'parameters: {{ key: "gpu" value: {{ string_value: "{gpu}" }} }}\n'
     if 'platform: "tensorrt_plan"' in text:
-        text = re.sub(r"kind: KIND_GPU count: (\S+) \}", rf"kind: KIND_GPU count: \1 gpus: [ {gpu} ] }}", text)
-    else:
-        text = re.sub(r"kind: KIND_GPU count: \S+ \}", "kind: KIND_MODEL count: 1 }", text)
-        text += f'parameters: {{ key: "gpu" value: {{ string_value: "{gpu}" }} }}\n'
+        return re.sub(r"kind: KIND_GPU count: (\S+) \}", rf"kind: KIND_GPU count: \1 gpus: [ {gpu} ] }}", text)
+    text, n = re.subn(r"kind: KIND_(GPU|MODEL) count: 1 \}", f"kind: KIND_GPU count: 1 gpus: [ {gpu} ] }}", text)
+    if n != 1:
+        raise RepositoryError(f"{name}: its template's instance group is not one instance on a GPU")
     return text
 
 
