@@ -245,3 +245,16 @@ def test_count_gpus_follows_cuda_visible_devices(monkeypatch):
     assert repository.count_gpus({}) == 4
     assert repository.count_gpus({"CUDA_VISIBLE_DEVICES": "1,3"}) == 2
     assert repository.count_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
+
+
+def test_vllm_cpu_kv_cache_is_shared_by_the_talkers_of_every_gpu():
+    """gpus N on cpu runs N vLLM talkers: the default KV cache cap (a quarter of the memory) is
+    split between them, and the build.json says so."""
+    from triton_qwen3_tts.model.config import Qwen3TTSConfig
+    from triton_qwen3_tts.serving.repository import vllm_cpu_kv_cache_bytes
+
+    real = Qwen3TTSConfig.from_dict(presets.main_config("0.6b-customvoice"))
+    s = RepositorySettings(checkpoint="/x", device="cpu")
+    one, _ = vllm_cpu_kv_cache_bytes(s, real, 12108, memory=24 * 2**30)
+    two, why = vllm_cpu_kv_cache_bytes(s, real, 12108, memory=24 * 2**30, engines=2)
+    assert one == 6 * 2**30 and two == 3 * 2**30 and "shared by 2 talkers" in why

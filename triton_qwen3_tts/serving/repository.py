@@ -305,11 +305,14 @@ def _physical_memory() -> int:
         return 0
 
 
-def vllm_cpu_kv_cache_bytes(s: RepositorySettings, cfg: Qwen3TTSConfig, max_model_len: int, memory: int = -1):
+def vllm_cpu_kv_cache_bytes(
+    s: RepositorySettings, cfg: Qwen3TTSConfig, max_model_len: int, memory: int = -1, engines: int = 1
+):
     """The CPU default of vLLM's KV cache pool: ``max_num_seqs`` requests of ``max_model_len``
     positions (rounded up to whole blocks) of this checkpoint's talker, at least
-    ``CPU_KV_CACHE_FLOOR``; at most ``CPU_KV_CACHE_MEMORY_SHARE`` of this machine's memory, but
-    never less than one full-length request (what vLLM needs to start). Returns ``(bytes, why)``."""
+    ``CPU_KV_CACHE_FLOOR``; at most ``CPU_KV_CACHE_MEMORY_SHARE`` of this machine's memory
+    (shared by ``engines`` talkers: ``gpus`` N on cpu), but never less than one full-length
+    request (what vLLM needs to start). Returns ``(bytes, why)`` for one talker."""
     t = cfg.talker
     dtype = s.talker_dtype or "float32"
     per_pos = t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 2 * (4 if dtype == "float32" else 2)
@@ -317,13 +320,14 @@ def vllm_cpu_kv_cache_bytes(s: RepositorySettings, cfg: Qwen3TTSConfig, max_mode
     need = s.max_num_seqs * one
     why = f"{s.max_num_seqs} seqs x {max_model_len} positions x {per_pos} bytes"
     memory = _physical_memory() if memory < 0 else memory
-    cap = int(memory * CPU_KV_CACHE_MEMORY_SHARE)
+    cap = int(memory * CPU_KV_CACHE_MEMORY_SHARE) // engines
     if memory and need > cap:
         size = max(one, cap)
+        shared = f", shared by {engines} talkers" if engines > 1 else ""
         why += (
             f" would be {need / 2**30:.1f} GiB: capped at {size / 2**30:.1f} GiB "
             f"({max(1, size // one)} full-length requests at once; {CPU_KV_CACHE_MEMORY_SHARE:.0%} of this "
-            f"machine's {memory / 2**30:.0f} GiB)"
+            f"machine's {memory / 2**30:.0f} GiB{shared})"
         )
         return size, why
     if need < CPU_KV_CACHE_FLOOR:
@@ -394,7 +398,7 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
     values = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in asdict(s).items()}
     kv_bytes, kv_why = s.kv_cache_memory_bytes, "set by --kv-cache-memory-bytes"
     if not kv_bytes and cpu and s.engine == "vllm":
-        kv_bytes, kv_why = vllm_cpu_kv_cache_bytes(s, cfg, ctx.max_model_len)
+        kv_bytes, kv_why = vllm_cpu_kv_cache_bytes(s, cfg, ctx.max_model_len, engines=lanes)
     values.update(
         checkpoint=ckpt,
         max_model_len=str(ctx.max_model_len),
