@@ -504,6 +504,8 @@ class TritonPythonModel:
         devices = resolve_devices(self.cfg.gpus, tcfg.device, cuda)
         frontend = make_frontend(tcfg)
         clients = []
+        # one after the other: CUDA-graph capture (global capture mode) and torch.compile are not
+        # safe to run in two threads of one process at once
         for i, device in enumerate(devices):
             cfg_i = tcfg if len(devices) == 1 else dataclasses.replace(tcfg, device=device)
             if len(devices) == 1:
