@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from triton_qwen3_tts.model import presets
-from triton_qwen3_tts.serving.model_config import CodecModelConfig, TalkerModelConfig, TtsModelConfig
+from triton_qwen3_tts.serving.model_config import CodecModelConfig, TalkerModelConfig, TtsModelConfig, instance_count
 from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,3 +125,136 @@ def test_unfilled_placeholder_fails(ckpt, tmp_path):
         build_repository(
             RepositorySettings(checkpoint=ckpt, codec_backend="python"), str(tmp_path / "r"), templates=str(tpl)
         )
+
+
+def _models(out):
+    return sorted(m for m in os.listdir(out) if os.path.isdir(os.path.join(out, m)))
+
+
+def test_gpus_split_writes_one_talker_and_codec_per_gpu(tiny_checkpoint, tmp_path):
+    """gpus 2, split, resident stateful codec on gpu: talker_0/1 and codec_decoder_stateful_0/1, each
+    named after its directory and pinned to its GPU; the tts routes over 2 lanes."""
+    out = build_repository(
+        RepositorySettings(
+            checkpoint=str(tiny_checkpoint),
+            codec_backend="python",
+            device="gpu",
+            engine="native",
+            codec_mode="stateful",
+            gpus="2",
+        ),
+        str(tmp_path / "r"),
+    )
+    assert _models(out) == [
+        "codec_decoder_stateful_0",
+        "codec_decoder_stateful_1",
+        "talker_0",
+        "talker_1",
+        "tts",
+    ]
+    for i in (0, 1):
+        for m in ("talker", "codec_decoder_stateful"):
+            txt = open(os.path.join(out, f"{m}_{i}", "config.pbtxt")).read()
+            assert f'name: "{m}_{i}"' in txt
+            assert os.path.exists(os.path.join(out, f"{m}_{i}", "1", "model.py"))
+        # the talker shows its process only GPU i (vLLM places itself on device 0) ...
+        talker_txt = open(os.path.join(out, f"talker_{i}", "config.pbtxt")).read()
+        assert "instance_group [ { kind: KIND_MODEL count: 1 } ]" in talker_txt
+        talker = TalkerModelConfig.from_parameters(params(talker_txt))
+        assert (talker.gpu, talker.device) == (i, "cuda")
+        # ... the codec, which may exchange GPU tensors with the tts, is one KIND_GPU instance there
+        codec_txt = open(os.path.join(out, f"codec_decoder_stateful_{i}", "config.pbtxt")).read()
+        assert f"instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ {i} ] }} ]" in codec_txt
+        p = params(codec_txt)
+        codec = CodecModelConfig.from_parameters({k: v for k, v in p.items() if k != "FORCE_CPU_ONLY_INPUT_TENSORS"})
+        assert codec.state == "resident" and "gpu" not in p
+        assert instance_count({"instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [i]}]}) == 1
+    tts = TtsModelConfig.from_parameters(params(open(os.path.join(out, "tts", "config.pbtxt")).read()))
+    assert (tts.gpus, tts.talker_model, tts.codec_model) == ("2", "talker", "codec_decoder_stateful")
+    assert json.load(open(os.path.join(out, "build.json")))["models"] == _models(out)
+
+
+def test_gpus_split_tensorrt_codec_uses_instance_group_gpus(ckpt, tmp_path):
+    plan = tmp_path / "model.plan"
+    plan.write_bytes(b"not really a plan")
+    out = build_repository(
+        RepositorySettings(checkpoint=ckpt, codec_backend="tensorrt", device="gpu", plan=str(plan), gpus="3"),
+        str(tmp_path / "r"),
+    )
+    assert [m for m in _models(out) if m.startswith("codec")] == [
+        "codec_decoder_0",
+        "codec_decoder_1",
+        "codec_decoder_2",
+    ]
+    for i in range(3):
+        txt = open(os.path.join(out, f"codec_decoder_{i}", "config.pbtxt")).read()
+        assert f"instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ {i} ] }} ]" in txt
+        assert os.path.exists(os.path.join(out, f"codec_decoder_{i}", "1", "model.plan"))
+
+
+def test_gpus_on_cpu_and_fused(ckpt, tmp_path):
+    """On cpu the per-GPU models share the host (no gpu parameter); fused writes one tts model
+    whatever the count and leaves 'all' to the load."""
+    out = build_repository(
+        RepositorySettings(checkpoint=ckpt, codec_backend="python", device="cpu", gpus="2"), str(tmp_path / "r")
+    )
+    assert _models(out) == ["codec_decoder_0", "codec_decoder_1", "talker_0", "talker_1", "tts"]
+    for m in ("talker_0", "codec_decoder_1"):
+        txt = open(os.path.join(out, m, "config.pbtxt")).read()
+        assert f'name: "{m}"' in txt and "gpu" not in params(txt)
+    out = build_repository(
+        RepositorySettings(
+            checkpoint=ckpt, codec_backend="python", device="gpu", engine="native", pipeline="fused", gpus="all"
+        ),
+        str(tmp_path / "f"),
+    )
+    assert _models(out) == ["tts"]
+    tts_params = params(open(os.path.join(out, "tts", "config.pbtxt")).read())
+    assert tts_params["gpus"] == "all" and "talker.gpu" not in tts_params
+
+
+def test_gpus_errors(ckpt, tmp_path, monkeypatch):
+    from triton_qwen3_tts.serving import repository
+
+    for bad in ("0", "two", "-1", "1.5", ""):
+        with pytest.raises(RepositoryError, match=r"^gpus: must be a number of GPUs >= 1, or all"):
+            build_repository(RepositorySettings(checkpoint=ckpt, codec_backend="python", gpus=bad), str(tmp_path / "r"))
+    with pytest.raises(RepositoryError, match="gpus all counts CUDA GPUs, and device is cpu"):
+        build_repository(
+            RepositorySettings(checkpoint=ckpt, codec_backend="python", device="cpu", gpus="all"), str(tmp_path / "r")
+        )
+    monkeypatch.setattr(repository, "count_gpus", lambda env=None: 0)
+    with pytest.raises(RepositoryError, match="no NVIDIA GPU visible here to count"):
+        build_repository(
+            RepositorySettings(checkpoint=ckpt, codec_backend="python", device="gpu", gpus="all"), str(tmp_path / "r")
+        )
+    monkeypatch.setattr(repository, "count_gpus", lambda env=None: 2)
+    out = build_repository(
+        RepositorySettings(checkpoint=ckpt, codec_backend="python", device="gpu", gpus="all"), str(tmp_path / "r")
+    )
+    assert "talker_1" in _models(out)
+    txt = open(os.path.join(out, "codec_decoder_1", "config.pbtxt")).read()  # the windowed Python codec
+    assert 'name: "codec_decoder_1"' in txt and "instance_group [ { kind: KIND_GPU count: 1 gpus: [ 1 ] } ]" in txt
+    assert params(open(os.path.join(out, "tts", "config.pbtxt")).read())["gpus"] == "2"
+
+
+def test_count_gpus_follows_cuda_visible_devices(monkeypatch):
+    from triton_qwen3_tts.serving import repository
+
+    monkeypatch.setattr(repository.glob, "glob", lambda pattern: ["a", "b", "c", "d"])
+    assert repository.count_gpus({}) == 4
+    assert repository.count_gpus({"CUDA_VISIBLE_DEVICES": "1,3"}) == 2
+    assert repository.count_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
+
+
+def test_vllm_cpu_kv_cache_is_shared_by_the_talkers_of_every_gpu():
+    """gpus N on cpu runs N vLLM talkers: the default KV cache cap (a quarter of the memory) is
+    split between them, and the build.json says so."""
+    from triton_qwen3_tts.model.config import Qwen3TTSConfig
+    from triton_qwen3_tts.serving.repository import vllm_cpu_kv_cache_bytes
+
+    real = Qwen3TTSConfig.from_dict(presets.main_config("0.6b-customvoice"))
+    s = RepositorySettings(checkpoint="/x", device="cpu")
+    one, _ = vllm_cpu_kv_cache_bytes(s, real, 12108, memory=24 * 2**30)
+    two, why = vllm_cpu_kv_cache_bytes(s, real, 12108, memory=24 * 2**30, engines=2)
+    assert one == 6 * 2**30 and two == 3 * 2**30 and "shared by 2 talkers" in why

@@ -10,6 +10,7 @@ on the hot path.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Mapping, Optional, Type, TypeVar
 
@@ -17,6 +18,7 @@ from triton_qwen3_tts.model.config import GenerationDefaults
 
 from triton_qwen3_tts.serving.settings import choices, default
 from triton_qwen3_tts.serving.tts.admission import AdmissionConfig
+from triton_qwen3_tts.serving.tts.router import DeviceError, parse_gpus
 from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES, Sampling, TtsLimits
 from triton_qwen3_tts.serving.tts.voice import MAX_VOICE_CACHE_SIZE
 
@@ -101,6 +103,11 @@ def _from_parameters(cls: Type[T], params: Mapping[str, str], ignore=()) -> T:
         raise ModelConfigError(str(e)) from None
 
 
+def _check_gpu(gpu: int, device: str) -> None:
+    if gpu < -1 or (gpu >= 0 and device != "cuda"):
+        raise ModelConfigError(f"parameter 'gpu' must be -1 (default) or, on cuda, a GPU index >= 0; got {gpu}")
+
+
 def _choice(name, value, allowed):
     if value not in allowed:
         raise ModelConfigError(f"parameter '{name}' must be one of {', '.join(allowed)}; got {value!r}")
@@ -135,9 +142,13 @@ class TalkerModelConfig:
     codec_compile: bool = default("codec_compile")
     codec_max_batch: int = default("codec_max_batch_size")
     codec_state_slots: int = 128
+    # split pipeline with gpus > 1: the index of the GPU (among those the server sees) this model's
+    # engine runs on; -1: the process's default GPU
+    gpu: int = -1
 
     def __post_init__(self):
         _choice("engine", self.engine, choices("engine"))
+        _check_gpu(self.gpu, self.device)
         _choice("pipeline", self.pipeline, choices("pipeline"))
         if self.pipeline == "fused" and self.engine != "native":
             raise ModelConfigError("parameter 'pipeline' fused needs engine native (the codec runs in its loop)")
@@ -154,7 +165,8 @@ class TalkerModelConfig:
         if self.codec_max_batch < 1 or self.codec_state_slots < 1:
             raise ModelConfigError("parameters 'codec_max_batch' and 'codec_state_slots' must be >= 1")
         self.batch_buckets()  # validates native_batch_buckets
-        _choice("device", self.device, ("cuda", "cpu"))
+        if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", self.device):  # cuda:i: one engine of several (gpus)
+            raise ModelConfigError(f"parameter 'device' must be one of cuda, cuda:<index>, cpu; got {self.device!r}")
         _choice("dtype", self.dtype, choices("talker_dtype")[1:])
         if not self.checkpoint:
             raise ModelConfigError("parameter 'checkpoint' is required (a checkpoint directory)")
@@ -293,6 +305,9 @@ class TtsModelConfig:
     chunk_frames: int = default("chunk_frames")
     left_context_frames: int = default("left_context_frames")
     codec_frame_buckets: tuple = ()
+    # one pipeline per GPU (serving/tts/router.py): a count or "all" (every visible GPU, counted at
+    # load); split: the talker and codec models of GPU i are talker_model_i and codec_model_i
+    gpus: str = default("gpus")
     max_in_flight: int = default("max_in_flight")
     max_queued: int = default("max_queued")
     # A request that makes no progress (no talker frames, no audio) for this long fails with
@@ -328,6 +343,15 @@ class TtsModelConfig:
                 "codec opens streams with start=true)"
             )
         AdmissionConfig(self.max_in_flight, self.max_queued)
+        try:
+            n = parse_gpus(self.gpus)
+        except DeviceError as e:
+            raise ModelConfigError(f"parameter {e}") from None
+        if n is None and self.pipeline == "split":
+            raise ModelConfigError(
+                "parameter 'gpus' all is resolved by the repository builder for pipeline split "
+                "(it writes one talker and codec model per GPU); give the number"
+            )
 
     @classmethod
     def from_parameters(cls, params):

@@ -49,6 +49,10 @@ def _cross_checks(self) -> None:
         raise RepositoryError("device and codec_backend 'auto' are resolved first (resolve_auto)")
     if self.pipeline == "fused" and self.engine != "native":
         raise RepositoryError("pipeline fused needs engine native (the codec runs in the native engine's loop)")
+    if self.gpus == "all" and self.device == "cpu":
+        raise RepositoryError(
+            "gpus all counts CUDA GPUs, and device is cpu: give a number (on cpu, N pipelines share the host)"
+        )
     if self.pipeline == "fused" and self.tts_instances != 1:
         raise RepositoryError("pipeline fused needs tts_instances 1 (the tts hosts the one talker engine)")
     if self.codec_backend == "tensorrt" and self.device == "cpu":
@@ -124,6 +128,62 @@ def detect_device(env=None) -> Tuple[str, str]:
         if n:
             return "gpu", f"nvidia-smi lists {n} GPU(s)"
     return "cpu", "no CUDA GPU visible: no NVIDIA driver, nvidia-smi lists none"
+
+
+def count_gpus(env=None) -> int:
+    """NVIDIA GPUs this machine shows (as :func:`detect_device` finds them), at most as many as
+    ``CUDA_VISIBLE_DEVICES`` lists when it is set."""
+    env = os.environ if env is None else env
+    n = len(glob.glob("/proc/driver/nvidia/gpus/*"))
+    smi = shutil.which("nvidia-smi")
+    if not n and smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            out = ""
+        n = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        n = min(n, len([x for x in visible.split(",") if x.strip() and x.strip() != "-1"]))
+    return n
+
+
+def lane_count(s, gpus_found=None) -> int:
+    """The number of per-GPU pipelines the builder writes models for: ``gpus`` as a number, or
+    for ``all`` with pipeline split the GPUs of this machine (:func:`count_gpus`; the split
+    pipeline needs one talker and codec model per GPU, named at build time). Pipeline fused
+    writes one tts model whatever the count (``all`` is counted when it loads): 1."""
+    if s.pipeline == "fused":
+        return 1
+    if s.gpus != "all":
+        return int(s.gpus)
+    n = count_gpus() if gpus_found is None else gpus_found
+    if n < 1:
+        raise RepositoryError(
+            "gpus all with pipeline split: no NVIDIA GPU visible here to count; give the number (--gpus N)"
+        )
+    return n
+
+
+def _lane_config(text: str, name: str, gpu) -> str:
+    """A per-GPU copy of a talker or codec model's config: named ``name`` and, on a GPU, placed
+    on GPU ``gpu``. A codec through its instance group (``kind: KIND_GPU ... gpus: [ gpu ]``; a
+    Python codec makes that GPU its current device, serving/stub.py use_instance_gpu; the resident
+    stateful codec keeps its one instance); the talker (KIND_MODEL) through its ``gpu`` parameter
+    (it shows its process only that GPU, serving/stub.py pin_gpu, which places vLLM too)."""
+    text, n = re.subn(r'^name: "[^"]*"', f'name: "{name}"', text, count=1, flags=re.M)
+    if n != 1:
+        raise RepositoryError(f"{name}: its template has no name line")
+    if gpu is None:  # cpu: N pipelines share the host
+        return text
+    if name.startswith("talker"):
+        return text + f'parameters: {{ key: "gpu" value: {{ string_value: "{gpu}" }} }}\n'
+    if 'platform: "tensorrt_plan"' in text:
+        return re.sub(r"kind: KIND_GPU count: (\S+) \}", rf"kind: KIND_GPU count: \1 gpus: [ {gpu} ] }}", text)
+    text, n = re.subn(r"kind: KIND_(GPU|MODEL) count: 1 \}", f"kind: KIND_GPU count: 1 gpus: [ {gpu} ] }}", text)
+    if n != 1:
+        raise RepositoryError(f"{name}: its template's instance group is not one instance on a GPU")
+    return text
 
 
 def pick_codec_backend(device: str, plan: str, templates: str = TEMPLATES) -> Tuple[str, str]:
@@ -245,11 +305,14 @@ def _physical_memory() -> int:
         return 0
 
 
-def vllm_cpu_kv_cache_bytes(s: RepositorySettings, cfg: Qwen3TTSConfig, max_model_len: int, memory: int = -1):
+def vllm_cpu_kv_cache_bytes(
+    s: RepositorySettings, cfg: Qwen3TTSConfig, max_model_len: int, memory: int = -1, engines: int = 1
+):
     """The CPU default of vLLM's KV cache pool: ``max_num_seqs`` requests of ``max_model_len``
     positions (rounded up to whole blocks) of this checkpoint's talker, at least
-    ``CPU_KV_CACHE_FLOOR``; at most ``CPU_KV_CACHE_MEMORY_SHARE`` of this machine's memory, but
-    never less than one full-length request (what vLLM needs to start). Returns ``(bytes, why)``."""
+    ``CPU_KV_CACHE_FLOOR``; at most ``CPU_KV_CACHE_MEMORY_SHARE`` of this machine's memory
+    (shared by ``engines`` talkers: ``gpus`` N on cpu), but never less than one full-length
+    request (what vLLM needs to start). Returns ``(bytes, why)`` for one talker."""
     t = cfg.talker
     dtype = s.talker_dtype or "float32"
     per_pos = t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 2 * (4 if dtype == "float32" else 2)
@@ -257,13 +320,14 @@ def vllm_cpu_kv_cache_bytes(s: RepositorySettings, cfg: Qwen3TTSConfig, max_mode
     need = s.max_num_seqs * one
     why = f"{s.max_num_seqs} seqs x {max_model_len} positions x {per_pos} bytes"
     memory = _physical_memory() if memory < 0 else memory
-    cap = int(memory * CPU_KV_CACHE_MEMORY_SHARE)
+    cap = int(memory * CPU_KV_CACHE_MEMORY_SHARE) // engines
     if memory and need > cap:
         size = max(one, cap)
+        shared = f", shared by {engines} talkers" if engines > 1 else ""
         why += (
             f" would be {need / 2**30:.1f} GiB: capped at {size / 2**30:.1f} GiB "
             f"({max(1, size // one)} full-length requests at once; {CPU_KV_CACHE_MEMORY_SHARE:.0%} of this "
-            f"machine's {memory / 2**30:.0f} GiB)"
+            f"machine's {memory / 2**30:.0f} GiB{shared})"
         )
         return size, why
     if need < CPU_KV_CACHE_FLOOR:
@@ -330,10 +394,11 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
     if not frame_buckets and s.codec_backend == "tensorrt":
         first = s.first_chunk_frames
         frame_buckets = ",".join(str(x) for x in sorted({first, 8, 16, 32, 64, s.chunk_frames + s.left_context_frames}))
+    lanes = lane_count(s)
     values = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in asdict(s).items()}
     kv_bytes, kv_why = s.kv_cache_memory_bytes, "set by --kv-cache-memory-bytes"
     if not kv_bytes and cpu and s.engine == "vllm":
-        kv_bytes, kv_why = vllm_cpu_kv_cache_bytes(s, cfg, ctx.max_model_len)
+        kv_bytes, kv_why = vllm_cpu_kv_cache_bytes(s, cfg, ctx.max_model_len, engines=lanes)
     values.update(
         checkpoint=ckpt,
         max_model_len=str(ctx.max_model_len),
@@ -353,6 +418,7 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         codec_codes_optional="false",
         codec_stateful_instance_kind="KIND_CPU" if cpu else "KIND_GPU",
         codec_state_outputs_tail="",
+        gpus=s.gpus if s.pipeline == "fused" else str(lanes),  # split: "all" counted here
     )
     stateful = s.codec_mode == "stateful"
     if stateful:
@@ -412,17 +478,23 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         models["codec_decoder_stateful"] = (
             "codec_stateful_trt" if s.codec_stateful_backend == "tensorrt" else "codec_stateful_python"
         )
-    for name, src in models.items():
-        src_dir = os.path.join(templates, src)
-        dst_dir = os.path.join(out_dir, name, "1")
-        os.makedirs(dst_dir)
-        with open(os.path.join(src_dir, "config.pbtxt.in"), encoding="utf-8") as f:
+    from triton_qwen3_tts.serving.tts.router import lane_model_names
+
+    written = []  # (model name, its model type's name: codec_decoder, talker, ...)
+    for base, src in models.items():
+        with open(os.path.join(templates, src, "config.pbtxt.in"), encoding="utf-8") as f:
             text = _substitute(f.read(), values, f"{src}/config.pbtxt.in")
-        with open(os.path.join(out_dir, name, "config.pbtxt"), "w", encoding="utf-8") as f:
-            f.write(text)
-        model_py = os.path.join(src_dir, "1", "model.py")
-        if os.path.exists(model_py):
-            shutil.copy2(model_py, os.path.join(dst_dir, "model.py"))
+        names = [base] if base == "tts" else lane_model_names(base, lanes)
+        for i, name in enumerate(names):
+            dst_dir = os.path.join(out_dir, name, "1")
+            os.makedirs(dst_dir)
+            config = text if len(names) == 1 else _lane_config(text, name, None if cpu else i)
+            with open(os.path.join(out_dir, name, "config.pbtxt"), "w", encoding="utf-8") as f:
+                f.write(config)
+            model_py = os.path.join(templates, src, "1", "model.py")
+            if os.path.exists(model_py):
+                shutil.copy2(model_py, os.path.join(dst_dir, "model.py"))
+            written.append((name, base))
     if s.codec_backend == "tensorrt" and "codec_decoder" in models:
         plan = s.plan or os.path.join(templates, "codec_decoder", "1", "model.plan")
         if not os.path.exists(plan):
@@ -430,14 +502,19 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
                 f"no TensorRT plan at {plan}: build it with export/build_trt_engine.py "
                 "or pass --plan (or use --codec-backend python)"
             )
-        shutil.copy2(plan, os.path.join(out_dir, "codec_decoder", "1", "model.plan"))
+        for name, base in written:
+            if base == "codec_decoder":
+                shutil.copy2(plan, os.path.join(out_dir, name, "1", "model.plan"))
     if stateful and s.codec_stateful_backend == "tensorrt":
-        shutil.copy2(s.stateful_plan, os.path.join(out_dir, "codec_decoder_stateful", "1", "model.plan"))
+        for name, base in written:
+            if base == "codec_decoder_stateful":
+                shutil.copy2(s.stateful_plan, os.path.join(out_dir, name, "1", "model.plan"))
     with open(os.path.join(out_dir, "build.json"), "w") as f:
         json.dump(
             {
                 "settings": asdict(s),
                 "checkpoint_task_type": cfg.task_type,
+                "models": sorted(name for name, _ in written),
                 "talker_context": {
                     **asdict(ctx),
                     "native_kv_cache_bytes": kv_cache_bytes(s, cfg, ctx.max_model_len),

@@ -13,11 +13,14 @@
   README and this list disagree).
 
 The type of a setting is the type of its default (``bool``, ``int``, ``float`` or ``str``).
-``choices`` lists the allowed values of an enumerated setting, ``lo``/``hi`` bound a number.
+``choices`` lists the allowed values of an enumerated setting, ``lo``/``hi`` bound a number,
+``pattern`` (a regular expression the whole value must match, described by ``pattern_text``)
+constrains a text one.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
@@ -37,6 +40,8 @@ class Setting:
     lo: Optional[float] = None
     hi: Optional[float] = None
     group: str = ""
+    pattern: str = ""
+    pattern_text: str = ""
 
     @property
     def type(self) -> type:
@@ -50,6 +55,8 @@ class Setting:
         """The allowed values in words (for help texts, errors and README)."""
         if self.choices:
             return ", ".join(repr(c) if c == "" else str(c) for c in self.choices)
+        if self.pattern:
+            return self.pattern_text
         if self.type is bool:
             return "true, false"
         if self.lo is not None and self.hi is not None:
@@ -68,6 +75,8 @@ class Setting:
             raise SettingError(f"{self.name}: expected a {t.__name__}, got {value!r}")
         if self.choices and value not in self.choices:
             raise SettingError(f"{self.name}: must be one of {self.allowed()}; got {value!r}")
+        if self.pattern and not re.fullmatch(self.pattern, value):
+            raise SettingError(f"{self.name}: must be {self.allowed()}; got {value!r}")
         if (self.lo is not None and value < self.lo) or (self.hi is not None and value > self.hi):
             raise SettingError(f"{self.name}: must be {self.allowed()}; got {value!r}")
         return value
@@ -95,6 +104,16 @@ SETTINGS: Tuple[Setting, ...] = (
         "in the same process, one scheduler ordering talker steps and codec batches by playback deadline; "
         "engine native, tts_instances 1); split: the talker model streams frames to a codec model",
         choices=("split", "fused"),
+        group="repository",
+    ),
+    Setting(
+        "gpus",
+        "1",
+        "GPUs to serve on, one self-contained pipeline each (talker engine and codec; a stream stays on "
+        "one); new streams go to the least-loaded GPU; max_in_flight is per GPU; all: every GPU the server "
+        "sees, counted at load (pipeline split: at build). On cpu, N pipelines share the host",
+        pattern=r"all|[1-9][0-9]*",
+        pattern_text="a number of GPUs >= 1, or all",
         group="repository",
     ),
     Setting(
@@ -236,7 +255,7 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting(
         "codec_state_slots",
         0,
-        "state resident: streams held at once; 0 = 2 x max_in_flight x tts_instances",
+        "state resident: streams held at once (per GPU); 0 = 2 x max_in_flight x tts_instances",
         lo=0,
         hi=65536,
         group="codec",
@@ -280,7 +299,14 @@ SETTINGS: Tuple[Setting, ...] = (
         hi=8192,
         group="tts",
     ),
-    Setting("max_in_flight", 64, "requests a tts instance serves at once", lo=1, hi=100000, group="tts"),
+    Setting(
+        "max_in_flight",
+        64,
+        "requests a tts instance serves at once on each GPU (gpus: gpus x this in all)",
+        lo=1,
+        hi=100000,
+        group="tts",
+    ),
     Setting(
         "max_queued", 64, "requests a tts instance queues beyond those (then UNAVAILABLE)", lo=0, hi=100000, group="tts"
     ),

@@ -29,7 +29,7 @@ import triton_python_backend_utils as pb_utils
 
 from triton_qwen3_tts.serving import profiling
 from triton_qwen3_tts.serving.errors import InvalidInput, triton_error
-from triton_qwen3_tts.serving.stub import prepare_process
+from triton_qwen3_tts.serving.stub import prepare_process, use_instance_gpu
 from triton_qwen3_tts.serving.codec.batch import check_codes, decode_batched
 from triton_qwen3_tts.serving.codec.runtime import make_codec
 from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
@@ -85,6 +85,7 @@ class StatefulCodecModel:
         model_config = json.loads(args["model_config"])
         params = {k: v for k, v in parameters_from_model_config(model_config).items() if k not in _BACKEND_PARAMS}
         self.cfg = CodecModelConfig.from_parameters(params)
+        use_instance_gpu(args)  # KIND_GPU: its GPU becomes "cuda" here (gpus > 1: the codec of GPU i)
         if self.cfg.runtime != "torch":
             raise ValueError("codec_decoder_stateful supports runtime torch only")
         self.max_batch = int(model_config.get("max_batch_size", 0)) or None
@@ -218,6 +219,7 @@ class CodecDecoderModel:
         profiling.maybe_start("codec_decoder")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         model_config = json.loads(args["model_config"])
         self.cfg = CodecModelConfig.from_parameters(parameters_from_model_config(model_config))
+        use_instance_gpu(args)
         self.max_batch = int(model_config.get("max_batch_size", 0)) or None
         self.codec = make_codec(self.cfg)
         self.codec.warmup()

@@ -47,7 +47,7 @@ async def make_engine(cfg: TalkerModelConfig):
             dtype=cfg.dtype,
             cuda_graphs=not cfg.enforce_eager,
             seed=cfg.seed,
-            compile=cfg.native_compile and cfg.device == "cuda",
+            compile=cfg.native_compile and cfg.device.startswith("cuda"),
             **extra,
         ),
     )

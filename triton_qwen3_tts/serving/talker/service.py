@@ -200,13 +200,115 @@ class LocalTalker:
     """The tts's talker client when the engine runs in the tts's own process (pipeline fused):
     the same ``stream`` / ``abort`` as the BLS client, without a Triton hop. ``abort`` stops the
     engine request only (the stream's consumer is the caller's own task, which must not be
-    cancelled)."""
+    cancelled).
 
-    def __init__(self, service: TalkerService):
+    ``loop``: the event loop the engine runs on (a :class:`DeviceLoop`'s, one per GPU) when it is
+    not the caller's: the stream then runs there, its items cross over through a queue, and a
+    consumer that stops early cancels it there (which aborts the engine request)."""
+
+    def __init__(self, service: TalkerService, loop: "asyncio.AbstractEventLoop" = None):
         self.service = service
+        self.loop = loop
 
     def stream(self, request_id: str, inputs: Mapping[str, Any]) -> AsyncIterator[np.ndarray]:
-        return self.service.stream(request_id, inputs)
+        if self.loop is None:
+            return self.service.stream(request_id, inputs)
+        return relay(self.loop, lambda: self.service.stream(request_id, inputs))
 
     async def abort(self, request_id: str) -> None:
-        await self.service.engine.abort(request_id)
+        if self.loop is None:
+            await self.service.engine.abort(request_id)
+        else:  # the stream's task is the relay's, on the engine's loop: end it there, as aborted
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self.service.abort(request_id), self.loop))
+
+
+_RELAY_END = object()
+
+
+async def relay(loop: "asyncio.AbstractEventLoop", make) -> AsyncIterator[Any]:
+    """The items of the async iterator ``make()``, run as a task on ``loop`` (another thread's),
+    yielded on the caller's loop, in order, then its end or its exception. When the consumer stops
+    early (or is cancelled) the task on ``loop`` is cancelled, so the iterator's ``finally`` runs
+    there."""
+    here = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+
+    def put(item, err=None):
+        try:
+            here.call_soon_threadsafe(q.put_nowait, (item, err))
+        except RuntimeError:  # the consumer's loop is closed: nobody reads
+            pass
+
+    async def pump():
+        try:
+            async for item in make():
+                put(item)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            # a cancel from ``loop``'s side (it is closing) must not look like the consumer's own
+            put(_RELAY_END, RuntimeError("the engine's loop stopped") if isinstance(e, asyncio.CancelledError) else e)
+            raise
+        put(_RELAY_END)
+
+    fut = asyncio.run_coroutine_threadsafe(pump(), loop)
+    try:
+        while True:
+            item, err = await q.get()
+            if item is _RELAY_END:
+                if err is not None:
+                    raise err
+                return
+            yield item
+    finally:
+        if not fut.done():
+            fut.cancel()  # cancels the task on ``loop``: the engine request is aborted there
+
+
+class DeviceLoop:
+    """An event loop on a thread of its own for one device's engine (``gpus`` > 1, pipeline
+    fused). On CUDA its thread and every thread of its default executor (where the native engine
+    loads, captures its graphs and runs its steps: ``run_in_executor(None, ...)``) make ``device``
+    their current device, so one process drives several GPUs, each engine on its own."""
+
+    def __init__(self, device: str, name: str = "engine"):
+        from concurrent.futures import ThreadPoolExecutor
+        import threading
+
+        self.device = device
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(
+            ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"{name}-exec", initializer=self._pin)
+        )
+        self.thread = threading.Thread(target=self._run, name=f"{name}-loop", daemon=True)
+        self.thread.start()
+
+    def _pin(self) -> None:
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(torch.device(self.device))
+
+    def _run(self) -> None:
+        self._pin()
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro, timeout=None):
+        """Run ``coro`` on this loop and wait for its result (from another thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Cancel what still runs on the loop, then stop it and its executor."""
+
+        async def drain():
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.loop.shutdown_default_executor()
+
+        try:
+            self.run(drain(), timeout)
+        except Exception:  # noqa: BLE001 - stop regardless
+            log.exception("draining the %s loop", self.device)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout)

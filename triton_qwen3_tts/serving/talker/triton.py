@@ -19,7 +19,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from triton_qwen3_tts.serving import profiling
-from triton_qwen3_tts.serving.stub import prepare_process
+from triton_qwen3_tts.serving.stub import pin_gpu, prepare_process
 from triton_qwen3_tts.serving.errors import triton_error
 from triton_qwen3_tts.serving.model_config import TalkerModelConfig, parameters_from_model_config
 from triton_qwen3_tts.serving.talker.engines import make_engine, make_frontend
@@ -39,6 +39,8 @@ class TritonPythonModel:
         prepare_process()
         profiling.maybe_start("talker")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         self.cfg = TalkerModelConfig.from_parameters(parameters_from_model_config(json.loads(args["model_config"])))
+        pin_gpu(self.cfg.gpu)  # gpus > 1: this talker_i serves on GPU i only
+        self._name = args.get("model_name", "talker")
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="talker-loop", daemon=True)
         self.thread.start()
@@ -64,8 +66,9 @@ class TritonPythonModel:
                 kind=M.COUNTER,
             ),
         }
-        self._responses = self._families["responses"].Metric(labels={"model": "talker"})
-        self._metric = self._families["aborted"].Metric(labels={"model": "talker"})
+        labels = {"model": self._name}  # gpus > 1: talker_0, talker_1, ... each its own series
+        self._responses = self._families["responses"].Metric(labels=labels)
+        self._metric = self._families["aborted"].Metric(labels=labels)
         self._aborted_seen = 0
         self._responses_seen = self.service.stats.responses  # not the warm-up's
 

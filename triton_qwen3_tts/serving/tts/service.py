@@ -5,6 +5,10 @@ The Triton adapter supplies a :class:`TalkerClient` and a :class:`CodecClient` (
 response (audio or error), the talker request is aborted on cancel or error, and the admission
 slot is always released.
 
+With several GPUs (the ``gpus`` setting) the adapter supplies one talker and one codec per device,
+a *lane* each; :class:`~triton_qwen3_tts.serving.tts.router.Router` admits each request onto the
+least-loaded lane, and the request's talker stream, codec session and abort all use that lane.
+
 Nothing waits for ever: a watchdog (:meth:`TtsService.watchdog`, one task on the service's loop)
 ends a request that made no progress (no talker frames, no audio sent) for
 ``request_deadline_s`` with UNAVAILABLE, and when a peer model's process dies (``talker``, the
@@ -20,13 +24,14 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Protocol, Sequence
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Union
 
 import numpy as np
 
 from triton_qwen3_tts.model.config import GenerationDefaults, Qwen3TTSConfig
 from triton_qwen3_tts.serving.tts.chunks import ChunkScheduler, ScheduleConfig
-from triton_qwen3_tts.serving.tts.admission import Admission, Overloaded
+from triton_qwen3_tts.serving.tts.admission import Overloaded
+from triton_qwen3_tts.serving.tts.router import Router
 from triton_qwen3_tts.serving.faults import PeerDied, Stalled
 from triton_qwen3_tts.serving.model_config import TtsModelConfig
 from triton_qwen3_tts.serving.tts.pipeline import (
@@ -115,6 +120,18 @@ class Metrics:
     voice_cache_evicted: Callable[[int], None] = lambda n: None
     voice_cache_size: Callable[[int], None] = lambda n: None
     failed: Callable[[str], None] = lambda reason: None  # the watchdog ended a request ("stalled" | "peer_died")
+    # per lane (GPU): its streams in flight after each change, and the frames it decoded
+    device_in_flight: Callable[[int, int], None] = lambda device, n: None
+    device_frames: Callable[[int, int], None] = lambda device, n: None
+    routed: Callable[[int], None] = lambda device: None  # a request admitted onto that lane
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One device's pipeline as the tts sees it: its talker and its codec (None: fused)."""
+
+    talker: "TalkerClient"
+    codec: Optional["CodecClient"]
 
 
 def check_prompt(config: Qwen3TTSConfig, req: TtsRequest) -> None:
@@ -189,8 +206,8 @@ class TtsService:
         self,
         cfg: TtsModelConfig,
         model_config: Qwen3TTSConfig,
-        talker: TalkerClient,
-        codec: CodecClient,
+        talker: Union[TalkerClient, Sequence[TalkerClient]],
+        codec: Union[CodecClient, Sequence[Optional[CodecClient]], None],
         metrics: Optional[Metrics] = None,
         prompt_check: Optional[Callable[[Qwen3TTSConfig, TtsRequest], None]] = check_prompt,
         encode: Optional[Encode] = None,
@@ -204,7 +221,8 @@ class TtsService:
         returns the peer stub processes that died since the last call
         (``stub_procs.StubWatch``); None = not watched. ``clock``: the watchdog's clock.
         ``generation``: the checkpoint's ``generation_config.json``, the sampling defaults of requests
-        that give none (unless the model's parameters set them)."""
+        that give none (unless the model's parameters set them). ``talker`` and ``codec`` may be
+        lists, one per device (lane), of equal length: each request is served on one lane."""
         self.cfg = cfg
         self.model_config = model_config
         self.limits = cfg.limits(model_config.task_type, generation)
@@ -217,10 +235,20 @@ class TtsService:
         )
         # pipeline fused: the talker sends audio (its engine decodes it); ``codec`` is unused
         self.fused = cfg.pipeline == "fused"
-        self.admission = Admission(cfg.admission())
-        self.talker = talker
-        self.codec = codec
+        talkers = list(talker) if isinstance(talker, (list, tuple)) else [talker]
+        codecs = list(codec) if isinstance(codec, (list, tuple)) else [codec] * len(talkers)
+        if len(codecs) != len(talkers):
+            raise ValueError(f"one codec per talker (lane): got {len(talkers)} talkers, {len(codecs)} codecs")
+        self.lanes = [Lane(t, c) for t, c in zip(talkers, codecs)]
+        self.talker, self.codec = self.lanes[0].talker, self.lanes[0].codec
         self.metrics = metrics or Metrics()
+        self.router = Router(
+            len(self.lanes),
+            cfg.max_in_flight,
+            cfg.max_queued,
+            on_change=lambda device, n: self.metrics.device_in_flight(device, n),
+        )
+        self.admission = self.router  # its in_flight: streams admitted on every lane
         self.prompt_check = prompt_check
         self.codec_states = LiveCounter(lambda n: self.metrics.codec_states_live(n))
         self.encode = encode
@@ -262,16 +290,17 @@ class TtsService:
             send.error(e)
             return
         try:
-            await self.admission.acquire()
+            device = await self.router.acquire()
         except Overloaded as e:
             self.metrics.refused()
             send.error(e)
             return
-        self.metrics.in_flight(self.admission.in_flight)
+        self.metrics.in_flight(self.router.in_flight)
+        self.metrics.routed(device)
 
         def free_slot():
-            self.admission.release()
-            self.metrics.in_flight(self.admission.in_flight)
+            self.router.release(device)
+            self.metrics.in_flight(self.router.in_flight)
 
         send = _FreeSlotBeforeFinal(send, free_slot)
         if self.broken is not None:  # a peer died while this request was queued
@@ -281,7 +310,7 @@ class TtsService:
         live = _Live(asyncio.current_task(), self.clock())
         self.live[rid] = live
         try:
-            await self._serve(req, send, cancelled, rid, live, t0)
+            await self._serve(req, send, cancelled, rid, live, t0, device)
         finally:
             self.live.pop(rid, None)
             send.free()  # no-op when a FINAL already freed it
@@ -294,10 +323,12 @@ class TtsService:
         rid: str,
         live: _Live,
         t0: float,
+        device: int = 0,
     ) -> None:
         finished = False
         session = None
         voice: Optional[ResolvedVoice] = None
+        lane = self.lanes[device]
 
         def touch():
             live.touched = self.clock()
@@ -321,15 +352,15 @@ class TtsService:
         try:
             if self.fused:  # the talker sends audio
                 chunks = forward_audio(
-                    self._talker_stream(rid, req, voice, touch),
+                    self._talker_stream(lane.talker, rid, req, voice, touch),
                     cancelled,
                     on_first_frames=lambda: self.metrics.first_frames(time.monotonic() - t0),
                 )
             else:
-                session = open_session(self.codec)
+                session = open_session(lane.codec)
                 if getattr(session, "stateful", False):
                     self.codec_states.add(1)
-                chunks = await self._split_chunks(req, voice, rid, session, touch, cancelled, t0)
+                chunks = await self._split_chunks(lane.talker, req, voice, rid, session, touch, cancelled, t0)
             first = True
             n_frames = 0
             collected = []
@@ -351,6 +382,7 @@ class TtsService:
                         send.audio(to_sample_format(out, req.sample_format), True, rate)
                 finished = finished or chunk.final
             self.metrics.frames(n_frames)
+            self.metrics.device_frames(device, n_frames)
             self.metrics.audio_seconds(n_frames * 1920 / SAMPLE_RATE)
         except asyncio.CancelledError:
             if live.failure is None:  # not the watchdog: the loop itself is going away
@@ -360,21 +392,21 @@ class TtsService:
                 send.error(live.failure)
             finished = True
             if not isinstance(live.failure, PeerDied):
-                await self._abort(rid)
+                await self._abort(lane.talker, rid)
         except Cancelled:
             self.metrics.aborted()
-            await self._abort(rid)
+            await self._abort(lane.talker, rid)
             if not finished:
                 send.error(Cancelled("request cancelled by the client"))
             finished = True
         except RequestError as e:  # the talker refused the request (e.g. prompt too long)
-            await self._abort(rid)
+            await self._abort(lane.talker, rid)
             if not finished:
                 send.error(e)
             finished = True
         except Exception as e:  # noqa: BLE001 - any failure ends this request only
             log.exception("tts request %s failed", rid)
-            await self._abort(rid)
+            await self._abort(lane.talker, rid)
             if not finished:
                 send.error(e)
             finished = True
@@ -391,7 +423,7 @@ class TtsService:
                 if getattr(session, "stateful", False):
                     self.codec_states.add(-1)
 
-    def _talker_stream(self, rid, req, voice, touch, response_frames=None):
+    def _talker_stream(self, talker, rid, req, voice, touch, response_frames=None):
         """The talker's stream for ``req`` (frames, or audio with the fused pipeline), calling
         ``touch()`` as items arrive."""
         inputs = talker_inputs(
@@ -400,9 +432,9 @@ class TtsService:
             None if voice is None else voice.ref_codes,
             response_frames,
         )
-        return _touching(self.talker.stream(rid, inputs), touch)
+        return _touching(talker.stream(rid, inputs), touch)
 
-    async def _split_chunks(self, req, voice, rid, session, touch, cancelled, t0):
+    async def _split_chunks(self, talker, req, voice, rid, session, touch, cancelled, t0):
         """The split pipeline's audio chunks: talker frames through the chunk schedule into the
         codec ``session`` (primed with a Base voice's reference codes first)."""
         prefix = None
@@ -411,7 +443,7 @@ class TtsService:
             if getattr(session, "stateful", False):
                 await self._prime(session, prefix)
                 prefix = None
-        frames = self._talker_stream(rid, req, voice, touch, schedule_sizes(self.schedule))
+        frames = self._talker_stream(talker, rid, req, voice, touch, schedule_sizes(self.schedule))
 
         async def decode(codes, left_context, _decode=session.decode):
             t = time.monotonic()
@@ -443,11 +475,11 @@ class TtsService:
         for i in range(0, prefix.shape[0], step):
             await session.decode(prefix[i : i + step], 0)
 
-    async def _abort(self, rid: str) -> None:
+    async def _abort(self, talker: TalkerClient, rid: str) -> None:
         if self.broken is not None:  # the talker may be the process that died: nothing would answer
             return
         try:
-            await asyncio.wait_for(self.talker.abort(rid), CLEANUP_TIMEOUT_S)
+            await asyncio.wait_for(talker.abort(rid), CLEANUP_TIMEOUT_S)
         except (Exception, asyncio.TimeoutError):  # noqa: BLE001
             log.exception("abort of talker request %s failed", rid)
 

@@ -4,6 +4,11 @@ Triton specifics live here and only here: reading inputs, BLS calls to `talker` 
 `codec_decoder` (async, so concurrent streams batch there), response senders, custom metrics.
 With ``pipeline fused`` there are no BLS calls: this model starts the native talker engine, with
 the codec in its loop, on its own event loop (``_start_engine``) and streams its audio.
+
+``gpus N`` (serving/tts/router.py): N lanes, one per GPU. Split: the BLS clients of ``talker_i`` and
+``codec_decoder_i`` (or ``codec_decoder_stateful_i``) per lane; fused: one engine per device
+``cuda:i`` (on cpu: N engines on the host), each on an event loop of its own. Metrics carry a
+``gpu`` label where they are per lane.
 """
 
 import asyncio
@@ -31,6 +36,7 @@ from triton_qwen3_tts.serving.codec.batch import bucket
 from triton_qwen3_tts.serving.errors import downstream_error, triton_error
 from triton_qwen3_tts.serving.codec.stateful import state_specs_from_checkpoint, zero_state_inputs
 from triton_qwen3_tts.serving.tts.codec_session import ResidentSession, StatefulSession
+from triton_qwen3_tts.serving.tts.router import lane_model_names, parse_gpus, resolve_devices
 
 
 def tensors_from_dict(d):
@@ -310,12 +316,13 @@ def _log_failure(fut):
 
 class _FusedMetrics:
     """Pipeline fused: the scheduler's histograms and deadline misses
-    (``serving/talker/fused.py`` FusedStats), exported by a thread of its own once a second: each
+    (``serving/talker/fused.py`` FusedStats) and each engine's streams and decoded frames, labelled
+    by ``gpu`` (one engine per lane), exported by a thread of their own once a second: each
     ``observe()`` is an IPC to the stub's parent, and on the event loop they would delay the
     engine (hundreds per second under load). The scheduler's counters go to the log twice a
     minute."""
 
-    def __init__(self, engine):
+    def __init__(self, services):
         from triton_qwen3_tts.serving.talker.fused import BATCH_BUCKETS, LAG_BUCKETS, SLACK_BUCKETS
 
         M = pb_utils.MetricFamily
@@ -333,23 +340,55 @@ class _FusedMetrics:
             ),
             "batch": ("qwen3_tts_fused_codec_batch_size", "Streams per codec call", BATCH_BUCKETS),
         }
-        self.engine = engine
+        self.services = list(services)  # TalkerService per lane, its engine the FusedPipeline
         self.families, self.metrics = {}, {}
         for key, (name, desc, buckets) in hists.items():
             self.families[key] = M(name=name, description=desc, kind=M.HISTOGRAM)
-            self.metrics[key] = self.families[key].Metric(labels={"model": "tts"}, buckets=list(buckets))
-        self.families["misses"] = M(
-            name="qwen3_tts_fused_deadline_misses_total",
-            description="Chunks sent after the client's buffer ran dry (server-side underruns)",
-            kind=M.COUNTER,
+        counters = {
+            "misses": (
+                "qwen3_tts_fused_deadline_misses_total",
+                "Chunks sent after the client's buffer ran dry (server-side underruns)",
+            ),
+            "codec_frames": ("qwen3_tts_fused_codec_frames_total", "Frames the GPU's engine decoded to audio"),
+            "streams": (
+                "qwen3_tts_engine_streams_total",
+                "Streams the GPU's talker engine started (state=started), finished or aborted",
+            ),
+        }
+        for key, (name, desc) in counters.items():
+            self.families[key] = M(name=name, description=desc, kind=M.COUNTER)
+        self.families["states"] = M(
+            name="qwen3_tts_fused_codec_states",
+            description="Streams whose codec state the GPU's engine holds",
+            kind=M.GAUGE,
         )
-        self.metrics["misses"] = self.families["misses"].Metric(labels={"model": "tts"})
-        st = engine.fused_stats  # not the warm-up's
-        st.unexported.clear()
-        self.misses_seen = st.misses
+        self.seen = {}  # (gpu, key) -> value exported so far
+        for gpu, svc in enumerate(self.services):
+            labels = {"model": "tts", "gpu": str(gpu)}
+            for key, (_, _, buckets) in hists.items():
+                self.metrics[gpu, key] = self.families[key].Metric(labels=labels, buckets=list(buckets))
+            self.metrics[gpu, "misses"] = self.families["misses"].Metric(labels=labels)
+            self.metrics[gpu, "codec_frames"] = self.families["codec_frames"].Metric(labels=labels)
+            self.metrics[gpu, "states"] = self.families["states"].Metric(labels=labels)
+            for state in ("started", "finished", "aborted"):
+                self.metrics[gpu, state] = self.families["streams"].Metric(labels={**labels, "state": state})
+            svc.engine.fused_stats.unexported.clear()  # not the warm-up's
+            for key, value in self._counts(svc).items():
+                self.seen[gpu, key] = value
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tts-fused-metrics", daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def _counts(svc):
+        st, ts = svc.engine.fused_stats, svc.stats
+        return {
+            "misses": st.misses,
+            "codec_frames": st.codec_frames,
+            "started": ts.started,
+            "finished": ts.finished,
+            "aborted": ts.aborted,
+        }
 
     def _run(self):
         n = 0
@@ -358,18 +397,22 @@ class _FusedMetrics:
             try:
                 self.export()
                 if n % 30 == 0:
-                    pb_utils.Logger.log_info(f"tts fused pipeline: {json.dumps(self.engine.stats())}")
+                    for gpu, svc in enumerate(self.services):
+                        pb_utils.Logger.log_info(f"tts fused pipeline gpu {gpu}: {json.dumps(svc.engine.stats())}")
             except Exception:  # noqa: BLE001 - metrics must not end the model
                 pass
 
     def export(self):
-        st = self.engine.fused_stats
-        while st.unexported:
-            key, value = st.unexported.popleft()
-            self.metrics[key].observe(value)
-        if st.misses > self.misses_seen:
-            self.metrics["misses"].increment(st.misses - self.misses_seen)
-            self.misses_seen = st.misses
+        for gpu, svc in enumerate(self.services):
+            st = svc.engine.fused_stats
+            while st.unexported:
+                key, value = st.unexported.popleft()
+                self.metrics[gpu, key].observe(value)
+            self.metrics[gpu, "states"].set(svc.engine.pool.live)
+            for key, value in self._counts(svc).items():
+                if value > self.seen[gpu, key]:
+                    self.metrics[gpu, key].increment(value - self.seen[gpu, key])
+                    self.seen[gpu, key] = value
 
     def stop(self):
         self._stop.set()
@@ -395,22 +438,30 @@ class TritonPythonModel:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
         self.thread.start()
-        self.talker = self.fused_metrics = None
+        self.talkers, self.fused_metrics, self.talker_services, self.device_loops = [], None, [], []
         fused = self.cfg.pipeline == "fused"
         if fused:  # no talker or codec model: the engine decodes the audio itself, here
-            talker = self._start_engine(engine_params)
+            talker = self._start_engines(engine_params)
             codec = None
             peers = None  # no sibling stub to watch
         else:
-            self.talker = talker = _TalkerBLS(self.cfg.talker_model, self.cfg.max_in_flight + self.cfg.max_queued)
+            n = parse_gpus(self.cfg.gpus)  # the builder wrote one talker and codec model per GPU
+            talker_names = lane_model_names(self.cfg.talker_model, n)
+            codec_names = lane_model_names(self.cfg.codec_model, n)
+            # the BLS threads are shared by every lane: the admission limits count all of them
+            streams = n * self.cfg.max_in_flight + self.cfg.max_queued
+            self.talkers = talker = [_TalkerBLS(name, streams) for name in talker_names]
             if self.cfg.codec_mode == "stateful" and self.cfg.codec_state == "resident":
-                codec = _ResidentCodecBLS(self.cfg.codec_model)
+                codec = [_ResidentCodecBLS(name) for name in codec_names]
             elif self.cfg.codec_mode == "stateful":
-                codec = _StatefulCodecBLS(self.cfg.codec_model, self.cfg.checkpoint, self.cfg.codec_zero_state_start)
+                codec = [
+                    _StatefulCodecBLS(name, self.cfg.checkpoint, self.cfg.codec_zero_state_start)
+                    for name in codec_names
+                ]
             else:
-                codec = _CodecBLS(self.cfg.codec_model, self.cfg.codec_frame_buckets)
+                codec = [_CodecBLS(name, self.cfg.codec_frame_buckets) for name in codec_names]
             # the talker's and codec's stub processes: siblings of this one (children of tritonserver)
-            peers = StubWatch(os.getppid(), (self.cfg.talker_model, self.cfg.codec_model))
+            peers = StubWatch(os.getppid(), tuple(talker_names + codec_names))
         self.encoders = None
         if ckpt.task_type == "Base":  # voice cloning: encoders next to the voice cache (serving.md)
             from triton_qwen3_tts.serving.tts.encoders import ReferenceEncoders
@@ -429,22 +480,49 @@ class TritonPythonModel:
             peers=peers,
             generation=load_generation_defaults(self.cfg.checkpoint),
         )
+        for gpu in range(len(self.service.lanes)):  # every lane's series from the start, at 0
+            for key in ("frames", "infl", "routed"):
+                self._lane_metric(key, gpu)
         self._watchdog = asyncio.run_coroutine_threadsafe(self.service.watchdog(), self.loop)
 
-    def _start_engine(self, engine_params):
-        """Pipeline fused: start the native engine with the codec in its loop on this model's
-        event loop, serve one warm-up request, and return the in-process talker client."""
+    def _start_engines(self, engine_params):
+        """Pipeline fused: start the native engine with the codec in its loop, one per device of
+        the ``gpus`` setting, serve one warm-up request on each, and return their in-process
+        talker clients. One device: the engine runs on this model's event loop; several: each on
+        a :class:`DeviceLoop` of its own (its threads' current CUDA device is the engine's)."""
+        import dataclasses
+
         from triton_qwen3_tts.serving.model_config import TalkerModelConfig
         from triton_qwen3_tts.serving.talker.engines import make_engine, make_frontend
-        from triton_qwen3_tts.serving.talker.service import LocalTalker, TalkerService
+        from triton_qwen3_tts.serving.talker.service import DeviceLoop, LocalTalker, TalkerService
 
         tcfg = TalkerModelConfig.from_parameters(engine_params)
-        engine = asyncio.run_coroutine_threadsafe(make_engine(tcfg), self.loop).result()
-        self.talker_service = TalkerService(make_frontend(tcfg), engine)
-        if tcfg.warmup:  # readiness means the engine has served a request
-            asyncio.run_coroutine_threadsafe(self.talker_service.warmup(), self.loop).result()
-        self.fused_metrics = _FusedMetrics(engine)
-        return LocalTalker(self.talker_service)
+        cuda = 0
+        if tcfg.device != "cpu":
+            import torch
+
+            cuda = torch.cuda.device_count()
+        devices = resolve_devices(self.cfg.gpus, tcfg.device, cuda)
+        frontend = make_frontend(tcfg)
+        clients = []
+        # one after the other: CUDA-graph capture (global capture mode) and torch.compile are not
+        # safe to run in two threads of one process at once
+        for i, device in enumerate(devices):
+            cfg_i = tcfg if len(devices) == 1 else dataclasses.replace(tcfg, device=device)
+            if len(devices) == 1:
+                loop, run = None, lambda coro: asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+            else:
+                dl = DeviceLoop(device, name=f"gpu{i}")
+                self.device_loops.append(dl)
+                loop, run = dl.loop, dl.run
+            svc = TalkerService(frontend, run(make_engine(cfg_i)))
+            if tcfg.warmup:  # readiness means every engine has served a request
+                run(svc.warmup())
+            self.talker_services.append(svc)
+            clients.append(LocalTalker(svc, loop))
+            pb_utils.Logger.log_info(f"tts: gpu {i}: native engine and codec on {device}")
+        self.fused_metrics = _FusedMetrics(self.talker_services)
+        return clients
 
     def _init_metrics(self):
         # Families must outlive their metrics (the stub refuses updates otherwise): keep both.
@@ -463,9 +541,20 @@ class TritonPythonModel:
                 "the first codec call and the send)",
                 kind=M.HISTOGRAM,
             ),
-            "frames": M(name="qwen3_tts_frames_total", description="Codec frames decoded", kind=M.COUNTER),
+            "frames": M(
+                name="qwen3_tts_frames_total", description="Codec frames decoded (gpu: the lane)", kind=M.COUNTER
+            ),
             "secs": M(name="qwen3_tts_audio_seconds_total", description="Audio seconds produced", kind=M.COUNTER),
-            "infl": M(name="qwen3_tts_requests_in_flight", description="Requests being served", kind=M.GAUGE),
+            "infl": M(
+                name="qwen3_tts_requests_in_flight",
+                description="Requests being served (gpu: the lane serving them)",
+                kind=M.GAUGE,
+            ),
+            "routed": M(
+                name="qwen3_tts_requests_routed_total",
+                description="Requests admitted onto each GPU's pipeline (gpus: the least-loaded one)",
+                kind=M.COUNTER,
+            ),
             "refused": M(
                 name="qwen3_tts_requests_refused_total",
                 description="Requests refused at the admission limit",
@@ -515,8 +604,9 @@ class TritonPythonModel:
                 else f[k].Metric(labels=labels)
             )
             for k in f
-            if k not in ("enc", "failed")
+            if k not in ("enc", "failed", "frames", "infl", "routed")  # per lane: _lane_metric
         }
+        self._labels = labels
         for name in ("speaker", "codec"):
             self._metrics[f"enc_{name}"] = f["enc"].Metric(labels={**labels, "encoder": name})
         for reason in ("stalled", "peer_died"):
@@ -527,9 +617,10 @@ class TritonPythonModel:
             first_audio=m["ttfa"].observe,
             first_frames=m["ttff"].observe,
             codec_call=lambda s: profiling.timing("codec_call", s),
-            frames=m["frames"].increment,
             audio_seconds=m["secs"].increment,
-            in_flight=m["infl"].set,
+            device_frames=lambda gpu, n: self._lane_metric("frames", gpu).increment(n),
+            device_in_flight=lambda gpu, n: self._lane_metric("infl", gpu).set(n),
+            routed=lambda gpu: self._lane_metric("routed", gpu).increment(1),
             refused=lambda: m["refused"].increment(1),
             aborted=lambda: m["cancelled"].increment(1),
             codec_states_live=m["states"].set,
@@ -539,6 +630,13 @@ class TritonPythonModel:
             voice_cache_size=m["vsize"].set,
             failed=lambda reason: m[f"failed_{reason}"].increment(1),
         )
+
+    def _lane_metric(self, key, gpu):
+        """The series of per-lane metric ``key`` for lane ``gpu`` (made on first use)."""
+        name = f"{key}_{gpu}"
+        if name not in self._metrics:
+            self._metrics[name] = self._families[key].Metric(labels={**self._labels, "gpu": str(gpu)})
+        return self._metrics[name]
 
     def execute(self, requests):
         for request in requests:
@@ -571,14 +669,18 @@ class TritonPythonModel:
             pb_utils.Logger.log_warn(f"tts: draining the event loop at unload: {e!r}")
         if self.fused_metrics is not None:
             self.fused_metrics.stop()
-            self.talker_service.engine.shutdown()
+        for svc in self.talker_services:
+            svc.engine.shutdown()
+        for dl in self.device_loops:
+            dl.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
-        if self.talker is not None:
-            self.talker.pool.shutdown(wait=False, cancel_futures=True)
+        for talker in self.talkers:
+            talker.pool.shutdown(wait=False, cancel_futures=True)
         if self.encoders is not None:
             self.encoders.close()
-        self.service = self.talker = self.metrics = self._watchdog = self.fused_metrics = None
+        self.service = self.metrics = self._watchdog = self.fused_metrics = None
+        self.talkers, self.talker_services, self.device_loops = [], [], []
         self._metrics.clear()  # metrics before their families
         self._families.clear()
         gc.collect()
