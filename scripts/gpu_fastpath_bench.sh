@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's fast paths on the GPU machine (device tool): the talker step (compiled blocks), the
+# The GPU fast paths on the GPU machine (device tool): the talker step (compiled blocks), the
 # stateful codec with and without the compiled step, and the parity of each fast path against its
 # fallback (scripts/fastpath_parity.py). Each stage has its own time limit
 # (inductor compiles are part of what is measured); results and one log under $OUT.
