@@ -5,8 +5,8 @@ blocks) and the fast path (``--fast``, default the ``torch.compile``'d blocks), 
 Teacher-forced: before each step the fast model's state, KV cache included, is overwritten with the
 fallback's, both run the same step, and their 16 codes per row are compared; the fallback's output
 drives the next step. So every one of ``rows x steps`` frames is compared from the same inputs,
-and a single differing code never changes the inputs of the frames after it. Greedy and sampled (temperature 0.9, top-k 50,
-the same per-row noise in both). The engine's Gumbel noise belongs to a candidate's rank in the
+and a single differing code never changes the inputs of the frames after it. Greedy and sampled
+(temperature 0.9, top-k 50, the same per-row noise in both). The engine's Gumbel noise belongs to a candidate's rank in the
 top-k, so where two candidates' logits are nearly tied (flat random-weight logits) a rounding
 difference swaps their ranks and their noise: sampled agreement is a harsher measure than greedy.
 
