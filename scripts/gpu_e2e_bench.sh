@@ -24,7 +24,7 @@
 # benchmark/benchmark_gateway.py: one stream, gRPC TTFA vs the gateway's time to first byte,
 # alternating, GATEWAY_ARGS (default "--requests 50 --warmup 5 --max-frames 50 --formats pcm wav
 # mp3 opus"). Needs fastapi, uvicorn, python-multipart (and av for mp3/opus/aac/flac) in the
-# bundle's venv (wheels in .whl/extra).
+# bundle's venv (their wheels in .whl/gateway, installed by scripts/gpu_env.sh).
 set -uo pipefail
 STAGES=${STAGES:-"ckpt model service"}
 FRAMES=${FRAMES:-200}
@@ -95,7 +95,7 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
         --out-json "$OUT/gateway_$TAG.json" 2>&1 | tail -10
       kill -TERM "$gateway_pid"; wait "$gateway_pid" 2>/dev/null
     else
-      echo "gateway stage skipped: fastapi, uvicorn or python-multipart missing (carry their wheels in .whl/extra)" >&2
+      echo "gateway stage skipped: fastapi, uvicorn or python-multipart missing (carry their wheels in .whl/gateway)" >&2
     fi
   fi
   curl -s localhost:18002/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_$TAG.txt"

@@ -16,6 +16,8 @@ echo "import sys; sys.modules.setdefault('sklearn', None); sys.modules.setdefaul
 python -c "import tokenizers" 2>/dev/null || python -m pip install -q --no-index --no-deps .whl/extra/*.whl 2>&1 | tail -1
 python -c "from transformers import AutoTokenizer; import transformers, tokenizers; print('transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)" \
   || { echo "transformers.AutoTokenizer does not import: the talker cannot load the text tokenizer" >&2; exit 1; }
+# the gateway's wheels (fastapi, uvicorn, python-multipart, pydantic and their needs), for STAGES=gateway
+if ls .whl/gateway/*.whl > /dev/null 2>&1; then python -m pip install -q --no-index --no-deps .whl/gateway/*.whl 2>&1 | tail -1; fi
 echo "$PWD" > "$SITE/triton_qwen3_tts_src.pth"     # the stub ignores PYTHONPATH; a .pth works
 python -c "import triton_qwen3_tts, torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"
 CKPT=/tmp/ckpt-$PRESET
