@@ -37,7 +37,11 @@ class _Graphs:
         torch.cuda.synchronize(m.device)
         for k in sorted(keys, key=order or (lambda k: tuple(-x for x in k))):
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
+            # The capture stream is this model's: torch.cuda.graph's default is one stream per
+            # process, made on whichever device captured first, so a second GPU's engine would
+            # capture on the first GPU's stream. thread_local: other threads of the process (the
+            # other GPUs' engines) may make CUDA calls while this thread captures.
+            with torch.cuda.graph(g, pool=self.pool, stream=stream, capture_error_mode="thread_local"):
                 fn(*k)
             if self.pool is None:
                 self.pool = g.pool()

@@ -238,7 +238,8 @@ class StatefulGraphRunner:
                 g = torch.cuda.CUDAGraph()
                 if self._pool is None:
                     self._pool = torch.cuda.graph_pool_handle()
-                with torch.cuda.graph(g, pool=self._pool):
+                # on this device's stream, other threads free to use CUDA (engines/native/graphs.py)
+                with torch.cuda.graph(g, pool=self._pool, stream=s, capture_error_mode="thread_local"):
                     slot.audio = self._body(slot)
                 slot.graph = g
         self._slots[key] = slot

@@ -76,12 +76,12 @@ class TorchCodec:
         if key not in self._graphs:
             torch = self.torch
             static_in = torch.zeros((b, t, 16), dtype=torch.long, device=self.device)
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
+            s = torch.cuda.Stream(self.device)
+            s.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(s):
                 for _ in range(2):  # warm up kernels/allocator outside the graph
                     self._eager(static_in)
-            torch.cuda.current_stream().wait_stream(s)
+            torch.cuda.current_stream(self.device).wait_stream(s)
             # The warm-up's activations stay cached in the general pool while the capture allocates
             # its own pool: hand them back first, or loading needs twice the largest bucket's memory
             # (seen: out of memory at load on the H100 with batch 64 x 97 frames next to the talker).
@@ -90,7 +90,7 @@ class TorchCodec:
             g = torch.cuda.CUDAGraph()
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            with torch.cuda.graph(g, pool=self._pool):
+            with torch.cuda.graph(g, pool=self._pool, stream=s, capture_error_mode="thread_local"):
                 static_out = self._eager(static_in)
             self._graphs[key] = (g, static_in, static_out)
         return self._graphs[key]
