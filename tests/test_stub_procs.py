@@ -3,7 +3,15 @@ stubs that died (with injected process lists; the real /proc is read for the cur
 
 import os
 
-from triton_qwen3_tts.serving.stub_procs import Stub, StubWatch, find_stubs, is_alive, parse_stub_cmdline
+from triton_qwen3_tts.serving.stub_procs import (
+    Stub,
+    StubWatch,
+    find_stubs,
+    find_stubs_and_workers,
+    find_workers,
+    is_alive,
+    parse_stub_cmdline,
+)
 
 
 def _cmdline(model="talker", instance="talker_0_0", parent=123):
@@ -69,3 +77,29 @@ def test_stub_watch_reports_each_death_once():
     stubs.append(Stub(3, "talker", "talker_0_0", 9))  # restarted: watched from now on
     alive[3] = True
     assert w.poll() == [] and set(w.seen) == {2, 3}
+
+
+def test_find_workers_in_a_fake_proc(tmp_path):
+    """The tts's engine workers: children of a stub named qwen3tts-gpuN; others are not."""
+    stub = Stub(11, "tts", "tts_0_0", 5)
+    d = tmp_path / "11"
+    d.mkdir()
+    (d / "cmdline").write_bytes(_cmdline("tts", "tts_0_0", 5))
+    (d / "stat").write_text("11 (triton_python_b) S 5 1 1")
+    procs = {
+        20: ("qwen3tts-gpu0", "S", 11),
+        21: ("qwen3tts-gpu1", "S", 11),
+        22: ("qwen3tts-gpu2", "Z", 11),  # died, not reaped
+        23: ("python3", "S", 11),  # the stub's other child (multiprocessing's resource tracker)
+        24: ("qwen3tts-gpu0", "S", 99),  # another process's
+    }
+    for pid, (comm, state, parent) in procs.items():
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "stat").write_text(f"{pid} ({comm}) {state} {parent} 1 1")
+    assert find_workers([stub], proc=str(tmp_path)) == [
+        Stub(20, "tts", "tts_0_0 gpu 0 engine", 11),
+        Stub(21, "tts", "tts_0_0 gpu 1 engine", 11),
+    ]
+    assert find_workers([], proc=str(tmp_path)) == []
+    assert [s.pid for s in find_stubs_and_workers(5, None, proc=str(tmp_path))] == [11, 20, 21]

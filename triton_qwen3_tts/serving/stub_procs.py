@@ -92,6 +92,60 @@ def find_stubs(
     return sorted(out, key=lambda s: (s.instance, s.pid))
 
 
+# The process name (``/proc/PID/comm``) an engine worker of the tts gives itself
+# (serving/talker/worker.py, pipeline fused: one process per GPU), followed by its GPU's index.
+WORKER_COMM_PREFIX = "qwen3tts-gpu"
+
+
+def _stat_fields(pid: int, proc: str) -> Optional[tuple]:
+    """``(comm, state, ppid)`` of ``pid`` from ``/proc/PID/stat``, or None."""
+    stat = _read(f"{proc}/{pid}/stat")
+    if stat is None:
+        return None
+    lp, rp = stat.find(b"("), stat.rfind(b")")
+    rest = stat[rp + 2 :].split()
+    if lp < 0 or len(rest) < 2:
+        return None
+    try:
+        return stat[lp + 1 : rp].decode("utf-8", "replace"), rest[0], int(rest[1])
+    except ValueError:
+        return None
+
+
+def find_workers(stubs: Iterable[Stub], proc: str = "/proc") -> List[Stub]:
+    """The live engine worker processes (children of ``stubs`` named ``WORKER_COMM_PREFIX``N), each as
+    a :class:`Stub` of its stub's model, instance ``<stub instance> gpu N engine``."""
+    by_pid = {s.pid: s for s in stubs}
+    out = []
+    if not by_pid:
+        return out
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        f = _stat_fields(int(name), proc)
+        if f is None or not f[0].startswith(WORKER_COMM_PREFIX) or f[2] not in by_pid or f[1] in (b"Z", b"X"):
+            continue
+        stub = by_pid[f[2]]
+        gpu = f[0][len(WORKER_COMM_PREFIX) :]
+        out.append(
+            Stub(pid=int(name), model=stub.model, instance=f"{stub.instance} gpu {gpu} engine", parent_pid=stub.pid)
+        )
+    return sorted(out, key=lambda s: (s.instance, s.pid))
+
+
+def find_stubs_and_workers(
+    parent_pid: Optional[int] = None, models: Optional[Iterable[str]] = None, proc: str = "/proc"
+) -> List[Stub]:
+    """:func:`find_stubs` and their engine workers (:func:`find_workers`): every process whose
+    death leaves a model unable to serve."""
+    stubs = find_stubs(parent_pid, models, proc)
+    return stubs + find_workers(stubs, proc)
+
+
 class StubWatch:
     """Remembers every stub it has seen alive and reports the ones that have died since.
 

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from triton_qwen3_tts.engines.vllm.engine import CACHE_ENV, cache_root
-from triton_qwen3_tts.serving.stub_procs import StubWatch
+from triton_qwen3_tts.serving.stub_procs import StubWatch, find_stubs_and_workers
 
 IMAGE_SERVER = "/opt/tritonserver/bin/tritonserver"
 IMAGE_BACKENDS = "/opt/tritonserver/backends"
@@ -570,7 +570,7 @@ def supervise(server: "TritonServer", stop: dict, interval: float = 0.5, gateway
     """Block while the server (and the gateway, if any) runs and ``stop["flag"]`` is unset;
     returns the stubs that died (empty when the server or the gateway exited or a stop was asked
     for)."""
-    watch = StubWatch(server.proc.pid)
+    watch = StubWatch(server.proc.pid, find=find_stubs_and_workers)  # the tts's engine processes too
     while not stop["flag"] and server.proc.poll() is None and (gateway is None or gateway.alive()):
         dead = watch.poll()
         if dead:
