@@ -1,6 +1,8 @@
 """One pipeline per GPU through the real tritonserver (CPU, tiny random checkpoint): `gpus 2` with
-the fused pipeline, so the tts hosts two native engines, each with its codec (on cpu the two
-"GPUs" are two engines on the host, each on an event loop of its own, as on two GPUs).
+the fused pipeline, so the tts runs two native engines, each with its codec (on cpu the two
+"GPUs" are two engines on the host, as on two GPUs), each in a worker process of its own
+(``fused_workers`` process, the default for gpus > 1) or each on an event loop of its own in the
+tts process (``fused_workers`` thread); every test but the split one runs on both.
 
 * streams go to the least-loaded GPU (ties: the lowest) and each stays on its GPU: the engine of
   each GPU starts exactly the streams routed there and decodes exactly their frames (the per-GPU
@@ -32,20 +34,22 @@ MAX_IN_FLIGHT = 2  # per GPU
 MAX_QUEUED = 2
 
 
-@pytest.fixture(scope="module")
-def server(tiny_checkpoint, tmp_path_factory):
+@pytest.fixture(scope="module", params=["auto", "thread"])
+def server(request, tiny_checkpoint, tmp_path_factory):
     srv = start_tts_server(
         tiny_checkpoint,
         tmp_path_factory.mktemp("tts_gpus"),
         engine="native",
         pipeline="fused",
         gpus="2",
+        fused_workers=request.param,
         max_in_flight=MAX_IN_FLIGHT,
         max_queued=MAX_QUEUED,
         first_chunk_frames=1,
         chunk_ramp="2,4",
         chunk_frames=8,
     )
+    srv.workers = request.param
     yield srv
     srv.stop()
 
@@ -91,6 +95,11 @@ def test_both_gpus_serve_from_the_start(server):
         assert set(per_gpu(server, name)) == {0, 1}, (name, server_state(server))
     log = open(server.log_path, errors="replace").read()
     assert "gpu 0: native engine and codec on cpu" in log and "gpu 1: native engine and codec on cpu" in log
+    workers = re.findall(r"gpu (\d): native engine and codec on cpu \(worker process (\d+)", log)
+    if server.workers == "auto":  # gpus 2: a worker process per GPU, each its own
+        assert [g for g, _ in workers] == ["0", "1"] and len({pid for _, pid in workers}) == 2, workers
+    else:
+        assert workers == []
 
 
 def test_streams_go_to_the_least_loaded_gpu_and_stay_there(server, tiny_checkpoint):

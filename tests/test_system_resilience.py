@@ -1,13 +1,16 @@
 """Staying up under load and failure (real tritonserver under the project's launcher, CPU, tiny
 random checkpoint, native talker engine; each test runs on the split pipeline with the resident
-stateful codec as on the GPU, and on the fused pipeline):
+stateful codec as on the GPU, on the fused pipeline, and on the fused pipeline with its engine in a
+worker process, ``fused_workers`` process):
 
 * an open-loop burst that saturates the machine: no stub dies, every request ends with audio or a
   coded error, the in-flight and codec-state gauges return to 0;
-* (split) a talker that stops answering (SIGSTOP): the request fails with UNAVAILABLE naming
-  ``request_deadline_s`` soon after the deadline, and serving resumes;
-* (split) ``kill -9`` of the talker stub mid-stream: every stream in flight gets an error within seconds,
-  the launcher restarts the server, and it serves again;
+* (split, fused-worker) a talker that stops answering (SIGSTOP of the talker stub or the engine
+  worker): the request fails with UNAVAILABLE naming ``request_deadline_s`` soon after the
+  deadline, and serving resumes;
+* (split, fused-worker) ``kill -9`` of the talker stub or the engine worker mid-stream: every
+  stream in flight gets an error within seconds, the launcher restarts the server, and it serves
+  again;
 * stopping the server after cancelled requests: done within 10 s, no stub segfaults at exit.
 """
 
@@ -26,7 +29,7 @@ import pytest
 from system_support import free_ports
 
 from triton_qwen3_tts.tools.client import StreamingClient, TtsError, build_inputs
-from triton_qwen3_tts.serving.stub_procs import find_stubs
+from triton_qwen3_tts.serving.stub_procs import find_stubs_and_workers
 
 pytestmark = pytest.mark.system
 
@@ -98,7 +101,18 @@ class Supervised:
         return pids[0]
 
     def stubs(self):
-        return {s.instance: s.pid for s in find_stubs(self.server_pid())}
+        """Instance -> pid of the server's stubs and the tts's engine workers."""
+        return {s.instance: s.pid for s in find_stubs_and_workers(self.server_pid())}
+
+    def engine_process(self):
+        """The pid of the process the talker engine runs in, when that is not the tts's own: the
+        talker stub (split) or the engine worker (fused-worker); skips the test on plain fused."""
+        if self.pipeline == "fused":
+            pytest.skip("pipeline fused (fused_workers thread) has no talker process: the tts hosts the engine")
+        want = "talker" if self.pipeline == "split" else "tts_0_0 gpu 0 engine"
+        pids = [pid for inst, pid in self.stubs().items() if inst.startswith(want)]
+        assert len(pids) == 1, self.stubs()
+        return pids[0]
 
     def metric(self, name):
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
@@ -112,10 +126,11 @@ class Supervised:
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="module", params=["split", "fused"])
+@pytest.fixture(scope="module", params=["split", "fused", "fused-worker"])
 def server(request, tiny_checkpoint, tmp_path_factory):
     """Both pipelines: split (talker frames into the resident stateful codec) and fused (the tts
-    hosts the talker engine, which decodes the audio: one model, one stub)."""
+    hosts the talker engine, which decodes the audio: one model, one stub); fused-worker: the
+    fused pipeline with the engine in a worker process of the tts (``fused_workers`` process)."""
     from triton_qwen3_tts.serving.repository import RepositorySettings, build_repository
 
     work = tmp_path_factory.mktemp(f"resilience_{request.param}")
@@ -138,7 +153,8 @@ def server(request, tiny_checkpoint, tmp_path_factory):
             first_chunk_frames=1,
             chunk_frames=16,
             request_deadline_s=DEADLINE_S,
-            pipeline=request.param,
+            pipeline=request.param.split("-")[0],
+            fused_workers="process" if request.param == "fused-worker" else "auto",
         ),
         str(work / "repo"),
     )
@@ -201,10 +217,7 @@ def test_stalled_talker_fails_the_request_at_its_deadline(server):
     """A talker stub stopped mid-stream (SIGSTOP): Triton still counts it as alive for the request
     inside it, which would wait for ever; the tts ends it at its deadline. (New requests to a
     stopped stub are refused by Triton itself as 'not healthy'.)"""
-    if server.pipeline == "fused":
-        pytest.skip("pipeline fused has no talker process to stop: the tts hosts the engine")
-    talker = [pid for inst, pid in server.stubs().items() if inst.startswith("talker")]
-    assert len(talker) == 1
+    talker = [server.engine_process()]
     out = []
     th = threading.Thread(target=lambda: out.append(_one(server.grpc_url, text=TEXT, max_frames=400, ignore_eos=True)))
     th.start()
@@ -224,9 +237,7 @@ def test_stalled_talker_fails_the_request_at_its_deadline(server):
 
 
 def test_kill_talker_mid_stream_errors_quickly_then_serves_again(server):
-    if server.pipeline == "fused":
-        pytest.skip("pipeline fused has no talker process to stop: the tts hosts the engine")
-    talker = [pid for inst, pid in server.stubs().items() if inst.startswith("talker")]
+    talker = [server.engine_process()]
     results, done = [], []
 
     def stream():
@@ -251,7 +262,11 @@ def test_kill_talker_mid_stream_errors_quickly_then_serves_again(server):
         assert server.proc.poll() is None and time.time() - t < 300, server.lines[-10:]
         time.sleep(0.5)
     assert any("died: restarting the server" in line for line in server.lines)
-    assert server.ready() and any(i.startswith("talker") for i in server.stubs())
+    assert server.ready()
+    if server.pipeline == "split":
+        assert any(i.startswith("talker") for i in server.stubs())
+    else:  # the restarted tts started a new engine worker
+        assert server.engine_process() != talker[0]
     assert _one(server.grpc_url, text=TEXT, max_frames=20) == (True, "")
 
 

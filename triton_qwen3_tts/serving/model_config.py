@@ -308,6 +308,8 @@ class TtsModelConfig:
     # one pipeline per GPU (serving/tts/router.py): a count or "all" (every visible GPU, counted at
     # load); split: the talker and codec models of GPU i are talker_model_i and codec_model_i
     gpus: str = default("gpus")
+    # pipeline fused: each GPU's engine in a worker process (serving/talker/worker.py) or in this one
+    fused_workers: str = default("fused_workers")
     max_in_flight: int = default("max_in_flight")
     max_queued: int = default("max_queued")
     # A request that makes no progress (no talker frames, no audio) for this long fails with
@@ -336,6 +338,7 @@ class TtsModelConfig:
             )
         _choice("codec_mode", self.codec_mode, choices("codec_mode"))
         _choice("pipeline", self.pipeline, choices("pipeline"))
+        _choice("fused_workers", self.fused_workers, choices("fused_workers"))
         _choice("codec_state", self.codec_state, STATE_RESIDENCY)
         if self.codec_state == "resident" and self.codec_zero_state_start:
             raise ModelConfigError(
@@ -385,3 +388,7 @@ class TtsModelConfig:
 
     def admission(self) -> AdmissionConfig:
         return AdmissionConfig(self.max_in_flight, self.max_queued)
+
+    def worker_processes(self, lanes: int) -> bool:
+        """Pipeline fused over ``lanes`` GPUs: True when each engine runs in a worker process."""
+        return self.fused_workers == "process" or (self.fused_workers == "auto" and lanes > 1)

@@ -117,6 +117,16 @@ SETTINGS: Tuple[Setting, ...] = (
         group="repository",
     ),
     Setting(
+        "fused_workers",
+        "auto",
+        "pipeline fused: where each GPU's talker engine (with its codec) runs. process: a process of its "
+        "own per GPU, started by the tts, so each engine's scheduler has a Python interpreter to itself; "
+        "thread: inside the tts process (one GPU: on the tts's event loop; several: a thread each); "
+        "auto: process with gpus > 1, thread with one",
+        choices=("auto", "process", "thread"),
+        group="repository",
+    ),
+    Setting(
         "engine",
         "vllm",
         "talker engine: vLLM with this package's plugin, or the native CUDA-graph engine",

@@ -196,6 +196,29 @@ class TalkerService:
         return task is not None
 
 
+def lane_snapshot(service) -> Dict[str, Any]:
+    """What the tts exports of one fused lane (``TalkerService`` over a ``FusedPipeline``): its
+    counters, the codec states it holds, the scheduler's stats (logged) and the histogram
+    observations made since the last snapshot (taken out of the pipeline's ``unexported``)."""
+    eng, ts = service.engine, service.stats
+    st = eng.fused_stats
+    observations = []
+    while st.unexported:
+        observations.append(st.unexported.popleft())
+    return {
+        "counts": {
+            "misses": st.misses,
+            "codec_frames": st.codec_frames,
+            "started": ts.started,
+            "finished": ts.finished,
+            "aborted": ts.aborted,
+        },
+        "live": eng.pool.live,
+        "stats": eng.stats(),
+        "observations": observations,
+    }
+
+
 class LocalTalker:
     """The tts's talker client when the engine runs in the tts's own process (pipeline fused):
     the same ``stream`` / ``abort`` as the BLS client, without a Triton hop. ``abort`` stops the
@@ -209,6 +232,10 @@ class LocalTalker:
     def __init__(self, service: TalkerService, loop: "asyncio.AbstractEventLoop" = None):
         self.service = service
         self.loop = loop
+
+    def snapshot(self) -> Dict[str, Any]:
+        """The lane's metrics (:func:`lane_snapshot`)."""
+        return lane_snapshot(self.service)
 
     def stream(self, request_id: str, inputs: Mapping[str, Any]) -> AsyncIterator[np.ndarray]:
         if self.loop is None:

@@ -322,7 +322,7 @@ class _FusedMetrics:
     engine (hundreds per second under load). The scheduler's counters go to the log twice a
     minute."""
 
-    def __init__(self, services):
+    def __init__(self, lanes):
         from triton_qwen3_tts.serving.talker.fused import BATCH_BUCKETS, LAG_BUCKETS, SLACK_BUCKETS
 
         M = pb_utils.MetricFamily
@@ -340,7 +340,9 @@ class _FusedMetrics:
             ),
             "batch": ("qwen3_tts_fused_codec_batch_size", "Streams per codec call", BATCH_BUCKETS),
         }
-        self.services = list(services)  # TalkerService per lane, its engine the FusedPipeline
+        # per lane (GPU) its talker client, whose snapshot() is the lane's metrics
+        # (serving/talker/service.py lane_snapshot: in this process or from a worker's)
+        self.lanes = list(lanes)
         self.families, self.metrics = {}, {}
         for key, (name, desc, buckets) in hists.items():
             self.families[key] = M(name=name, description=desc, kind=M.HISTOGRAM)
@@ -363,7 +365,7 @@ class _FusedMetrics:
             kind=M.GAUGE,
         )
         self.seen = {}  # (gpu, key) -> value exported so far
-        for gpu, svc in enumerate(self.services):
+        for gpu, lane in enumerate(self.lanes):
             labels = {"model": "tts", "gpu": str(gpu)}
             for key, (_, _, buckets) in hists.items():
                 self.metrics[gpu, key] = self.families[key].Metric(labels=labels, buckets=list(buckets))
@@ -372,47 +374,35 @@ class _FusedMetrics:
             self.metrics[gpu, "states"] = self.families["states"].Metric(labels=labels)
             for state in ("started", "finished", "aborted"):
                 self.metrics[gpu, state] = self.families["streams"].Metric(labels={**labels, "state": state})
-            svc.engine.fused_stats.unexported.clear()  # not the warm-up's
-            for key, value in self._counts(svc).items():
+            for key, value in lane.snapshot()["counts"].items():  # the warm-up's: not exported
                 self.seen[gpu, key] = value
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tts-fused-metrics", daemon=True)
         self._thread.start()
-
-    @staticmethod
-    def _counts(svc):
-        st, ts = svc.engine.fused_stats, svc.stats
-        return {
-            "misses": st.misses,
-            "codec_frames": st.codec_frames,
-            "started": ts.started,
-            "finished": ts.finished,
-            "aborted": ts.aborted,
-        }
 
     def _run(self):
         n = 0
         while not self._stop.wait(1.0):
             n += 1
             try:
-                self.export()
+                snaps = self.export()
                 if n % 30 == 0:
-                    for gpu, svc in enumerate(self.services):
-                        pb_utils.Logger.log_info(f"tts fused pipeline gpu {gpu}: {json.dumps(svc.engine.stats())}")
+                    for gpu, snap in enumerate(snaps):
+                        pb_utils.Logger.log_info(f"tts fused pipeline gpu {gpu}: {json.dumps(snap['stats'])}")
             except Exception:  # noqa: BLE001 - metrics must not end the model
                 pass
 
     def export(self):
-        for gpu, svc in enumerate(self.services):
-            st = svc.engine.fused_stats
-            while st.unexported:
-                key, value = st.unexported.popleft()
+        snaps = [lane.snapshot() for lane in self.lanes]
+        for gpu, snap in enumerate(snaps):
+            for key, value in snap["observations"]:
                 self.metrics[gpu, key].observe(value)
-            self.metrics[gpu, "states"].set(svc.engine.pool.live)
-            for key, value in self._counts(svc).items():
+            self.metrics[gpu, "states"].set(snap["live"])
+            for key, value in snap["counts"].items():
                 if value > self.seen[gpu, key]:
                     self.metrics[gpu, key].increment(value - self.seen[gpu, key])
                     self.seen[gpu, key] = value
+        return snaps
 
     def stop(self):
         self._stop.set()
@@ -439,11 +429,12 @@ class TritonPythonModel:
         self.thread = threading.Thread(target=self.loop.run_forever, name="tts-loop", daemon=True)
         self.thread.start()
         self.talkers, self.fused_metrics, self.talker_services, self.device_loops = [], None, [], []
+        self.workers, self.peers = [], None
         fused = self.cfg.pipeline == "fused"
         if fused:  # no talker or codec model: the engine decodes the audio itself, here
             talker = self._start_engines(engine_params)
             codec = None
-            peers = None  # no sibling stub to watch
+            peers = self.peers  # no sibling stub to watch; worker processes when there are any
         else:
             n = parse_gpus(self.cfg.gpus)  # the builder wrote one talker and codec model per GPU
             talker_names = lane_model_names(self.cfg.talker_model, n)
@@ -487,14 +478,17 @@ class TritonPythonModel:
 
     def _start_engines(self, engine_params):
         """Pipeline fused: start the native engine with the codec in its loop, one per device of
-        the ``gpus`` setting, serve one warm-up request on each, and return their in-process
-        talker clients. One device: the engine runs on this model's event loop; several: each on
-        a :class:`DeviceLoop` of its own (its threads' current CUDA device is the engine's)."""
+        the ``gpus`` setting, serve one warm-up request on each, and return their talker clients.
+        ``fused_workers`` process: each engine in a worker process (``serving/talker/worker.py``),
+        all loading at once. Thread: one device's engine runs on this model's event loop; several
+        run each on a :class:`DeviceLoop` of its own (its threads' current CUDA device is the
+        engine's)."""
         import dataclasses
 
         from triton_qwen3_tts.serving.model_config import TalkerModelConfig
         from triton_qwen3_tts.serving.talker.engines import make_engine, make_frontend
         from triton_qwen3_tts.serving.talker.service import DeviceLoop, LocalTalker, TalkerService
+        from triton_qwen3_tts.serving.talker.worker import WorkerWatch, start_workers
 
         tcfg = TalkerModelConfig.from_parameters(engine_params)
         cuda = 0
@@ -503,12 +497,23 @@ class TritonPythonModel:
 
             cuda = torch.cuda.device_count()
         devices = resolve_devices(self.cfg.gpus, tcfg.device, cuda)
+        cfgs = [tcfg if len(devices) == 1 else dataclasses.replace(tcfg, device=d) for d in devices]
+        if self.cfg.worker_processes(len(devices)):
+            names = [f"tts gpu {i} engine" for i in range(len(devices))]
+            clients = start_workers(cfgs, names)
+            for i, w in enumerate(clients):
+                pb_utils.Logger.log_info(
+                    f"tts: gpu {i}: native engine and codec on {w.info['device']} "
+                    f"(worker process {w.process.pid}, ready in {w.info['load_s']} s)"
+                )
+            self.workers = clients
+            self.peers = WorkerWatch(clients)
+            self.fused_metrics = _FusedMetrics(clients)
+            return clients
         frontend = make_frontend(tcfg)
         clients = []
-        # one after the other: CUDA-graph capture (global capture mode) and torch.compile are not
-        # safe to run in two threads of one process at once
-        for i, device in enumerate(devices):
-            cfg_i = tcfg if len(devices) == 1 else dataclasses.replace(tcfg, device=device)
+        # one after the other: torch.compile is not safe to run in two threads of one process at once
+        for i, (device, cfg_i) in enumerate(zip(devices, cfgs)):
             if len(devices) == 1:
                 loop, run = None, lambda coro: asyncio.run_coroutine_threadsafe(coro, self.loop).result()
             else:
@@ -521,7 +526,7 @@ class TritonPythonModel:
             self.talker_services.append(svc)
             clients.append(LocalTalker(svc, loop))
             pb_utils.Logger.log_info(f"tts: gpu {i}: native engine and codec on {device}")
-        self.fused_metrics = _FusedMetrics(self.talker_services)
+        self.fused_metrics = _FusedMetrics(clients)
         return clients
 
     def _init_metrics(self):
@@ -673,6 +678,8 @@ class TritonPythonModel:
             svc.engine.shutdown()
         for dl in self.device_loops:
             dl.close()
+        for w in self.workers:
+            w.close()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
         for talker in self.talkers:
@@ -680,7 +687,8 @@ class TritonPythonModel:
         if self.encoders is not None:
             self.encoders.close()
         self.service = self.metrics = self._watchdog = self.fused_metrics = None
-        self.talkers, self.talker_services, self.device_loops = [], [], []
+        self.talkers, self.talker_services, self.device_loops, self.workers = [], [], [], []
+        self.peers = None
         self._metrics.clear()  # metrics before their families
         self._families.clear()
         gc.collect()

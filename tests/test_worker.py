@@ -1,0 +1,188 @@
+"""The tts's client of an engine worker process (serving/talker/worker.py ``ProcessTalker``),
+against stand-in workers that speak the pipe protocol (tests/worker_fakes.py), and the
+configuration switch that picks worker processes. The real worker (an engine in the process)
+runs in tests/test_system_gpus.py through tritonserver.
+
+Each test spawns real processes: the stand-ins are quick to start (no torch)."""
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+import worker_fakes
+
+from triton_qwen3_tts.serving.errors import error_code_name
+from triton_qwen3_tts.serving.faults import PeerDied
+from triton_qwen3_tts.serving.model_config import ModelConfigError, TtsModelConfig
+from triton_qwen3_tts.serving.talker.worker import ProcessTalker, WorkerWatch, start_workers
+from triton_qwen3_tts.serving.tts.request import RequestError
+
+
+class Cfg:
+    device = "cpu"
+
+
+def text(t):
+    return {"text": np.array([t.encode()], dtype=object)}
+
+
+@pytest.fixture
+def worker():
+    w = ProcessTalker(Cfg(), "gpu 0 engine", target=worker_fakes.scripted_worker).start()
+    w.wait_ready(30)
+    yield w
+    w.close(timeout=5)
+
+
+async def collect(w, rid, t):
+    return [x async for x in w.stream(rid, text(t))]
+
+
+def wait_until(cond, timeout=10.0):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_items_arrive_in_order_and_the_stream_ends(worker):
+    got = asyncio.run(collect(worker, "r1", "ok 3"))
+    assert [x.tolist() for x in got] == [[0, 0], [1, 1], [2, 2]]
+    assert worker.info == {"device": "cpu", "load_s": 0.0}
+
+
+def test_concurrent_streams_keep_their_own_items(worker):
+    async def main():
+        return await asyncio.gather(*(collect(worker, f"r{n}", f"ok {n}") for n in range(1, 6)))
+
+    for n, got in enumerate(asyncio.run(main()), start=1):
+        assert [x.tolist() for x in got] == [[i, i] for i in range(n)]
+
+
+def test_a_worker_error_keeps_its_code_and_field(worker):
+    with pytest.raises(RequestError) as e:
+        asyncio.run(collect(worker, "bad1", "bad"))
+    assert error_code_name(e.value) == "INVALID_ARG"
+    assert e.value.field == "max_frames"
+    assert str(e.value) == "max_frames: must be <= 10, got 99"
+
+
+def test_a_consumer_that_stops_early_cancels_the_worker_stream(worker):
+    async def main():
+        agen = worker.stream("h1", text("hang"))
+        task = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await agen.aclose()
+
+    asyncio.run(main())
+    wait_until(lambda: worker.snapshot()["counts"].get("cancel") == 1)
+
+
+def test_abort_waits_for_the_worker_and_ends_the_stream_as_cancelled(worker):
+    async def main():
+        consumer = asyncio.ensure_future(collect(worker, "h2", "hang"))
+        await asyncio.sleep(0.2)
+        await asyncio.wait_for(worker.abort("h2"), 5)
+        with pytest.raises(Exception) as e:
+            await consumer
+        return e.value
+
+    err = asyncio.run(main())
+    assert error_code_name(err) == "CANCELLED"
+    wait_until(lambda: worker.snapshot()["counts"].get("abort") == 1)
+
+
+def test_the_worker_names_itself_for_the_launcher(worker):
+    """The launcher finds the tts's engine workers by name among its stubs' children."""
+    import os
+
+    from triton_qwen3_tts.serving.stub_procs import Stub, find_workers
+
+    me = Stub(os.getpid(), "tts", "tts_0_0", os.getppid())  # this test process plays the stub
+    assert find_workers([me]) == [Stub(worker.process.pid, "tts", "tts_0_0 gpu 0 engine", os.getpid())]
+
+
+def test_snapshots_carry_the_worker_counts(worker):
+    asyncio.run(collect(worker, "s1", "ok 1"))
+    wait_until(lambda: worker.snapshot()["counts"].get("streams") == 1)
+    assert worker.snapshot()["stats"] == {"name": "gpu 0 engine"}
+
+
+def test_a_dead_worker_ends_its_streams_unavailable_and_is_reported_once(worker):
+    watch = WorkerWatch([worker])
+    assert watch.poll() == []
+
+    async def main():
+        consumer = asyncio.ensure_future(collect(worker, "live", "hang"))
+        await asyncio.sleep(0.2)
+        with pytest.raises(PeerDied):
+            await asyncio.wait_for(collect(worker, "d1", "die"), 10)
+        with pytest.raises(PeerDied):  # the one in flight ends too, not waits for ever
+            await asyncio.wait_for(consumer, 10)
+        with pytest.raises(PeerDied):  # and a new one is refused at once
+            await asyncio.wait_for(collect(worker, "d2", "ok 1"), 5)
+        await asyncio.wait_for(worker.abort("d2"), 5)  # nothing to wait for
+
+    asyncio.run(main())
+    assert error_code_name(PeerDied("x")) == "UNAVAILABLE"
+    dead = watch.poll()
+    assert [(s.model, s.instance, s.pid) for s in dead] == [("tts", "gpu 0 engine", worker.process.pid)]
+    assert "died" in worker.dead
+    assert watch.poll() == []
+
+
+def test_a_closed_worker_is_not_reported_dead(worker):
+    watch = WorkerWatch([worker])
+    worker.close(timeout=5)
+    assert not worker.process.is_alive()
+    wait_until(lambda: worker.dead is not None)
+    assert "stopped" in worker.dead
+    assert watch.poll() == []
+
+
+def test_a_failed_start_fails_with_the_worker_message():
+    w = ProcessTalker(Cfg(), "gpu 1 engine", target=worker_fakes.failing_worker).start()
+    with pytest.raises(RuntimeError, match="gpu 1 engine: RuntimeError: no such checkpoint"):
+        w.wait_ready(30)
+    w.close(timeout=5)
+
+
+def test_a_worker_that_crashes_at_start_fails_the_start():
+    w = ProcessTalker(Cfg(), "gpu 0 engine", target=worker_fakes.crashing_worker).start()
+    with pytest.raises(RuntimeError, match="died before its engine was ready"):
+        w.wait_ready(30)
+    w.close(timeout=5)
+
+
+def test_start_workers_stops_every_worker_when_one_fails(monkeypatch):
+    import triton_qwen3_tts.serving.talker.worker as worker_mod
+
+    targets = iter([worker_fakes.scripted_worker, worker_fakes.failing_worker])
+    made = []
+
+    class Recording(ProcessTalker):
+        def __init__(self, cfg, name, gpu=0):
+            super().__init__(cfg, name, gpu, target=next(targets))
+            made.append(self)
+
+    monkeypatch.setattr(worker_mod, "ProcessTalker", Recording)
+    with pytest.raises(RuntimeError, match="no such checkpoint"):
+        start_workers([Cfg(), Cfg()], ["gpu 0 engine", "gpu 1 engine"])
+    assert len(made) == 2 and not any(w.process.is_alive() for w in made)
+
+
+@pytest.mark.parametrize(
+    "value, lanes, expected",
+    [("auto", 1, False), ("auto", 2, True), ("process", 1, True), ("thread", 2, False)],
+)
+def test_fused_workers_setting_picks_processes(value, lanes, expected):
+    assert TtsModelConfig(checkpoint="x", fused_workers=value).worker_processes(lanes) is expected
+
+
+def test_fused_workers_setting_refuses_other_values():
+    with pytest.raises(ModelConfigError, match="fused_workers"):
+        TtsModelConfig(checkpoint="x", fused_workers="fork")
