@@ -466,3 +466,33 @@ def test_padding_rows_do_not_advance(tiny_checkpoint, ref, loop):
         np.testing.assert_array_equal(got, _reference(talker, pad, pe, tr, 5))
     finally:
         eng.shutdown()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_engines_on_two_gpus_in_one_process_capture_on_their_own_devices(tiny_checkpoint, ref):
+    """Two engines with CUDA graphs in one process, cuda:0 then cuda:1, each on an event loop
+    whose threads' current device is its own (``fused_workers`` thread runs them so): the second
+    engine captures on its own device's stream (torch.cuda.graph's default capture stream is made
+    once per process, on the first capture's device), and both give the same greedy frames."""
+    from triton_qwen3_tts.serving.talker.service import DeviceLoop
+
+    talker, _ = ref
+    pe, tr = _prompt(talker.config.hidden_size, 9, 3, seed=7)
+    loops, engines, outs = [], [], []
+    try:
+        for i in range(2):
+            dl = DeviceLoop(f"cuda:{i}", name=f"test-gpu{i}")
+            loops.append(dl)
+            cfg = _cfg(device=f"cuda:{i}", cuda_graphs=True)
+            engines.append(dl.run(NativeEngine.create(tiny_checkpoint, cfg)))
+        for i, (dl, eng) in enumerate(zip(loops, engines)):
+            req = TalkerRequest(request_id=f"two{i}", prompt_embeds=pe, trailing=tr, max_frames=12, greedy=True)
+            outs.append(dl.run(_collect(eng, req)))
+    finally:
+        for dl, eng in zip(loops, engines):
+            eng.shutdown()
+        for dl in loops:
+            dl.close()
+    assert outs[0].shape == (12, 16)
+    np.testing.assert_array_equal(outs[1], outs[0])
