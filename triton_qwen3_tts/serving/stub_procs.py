@@ -56,45 +56,15 @@ def parse_stub_cmdline(pid: int, cmdline: bytes) -> Optional[Stub]:
     return Stub(pid=pid, model=parts[-3], instance=argv[8], parent_pid=parent)
 
 
-def is_alive(pid: int, proc: str = "/proc") -> bool:
-    """True while ``pid`` exists and is not a zombie (a dead stub its parent has not reaped)."""
-    stat = _read(f"{proc}/{pid}/stat")
-    if stat is None:
-        return False
-    # the state follows the parenthesised command name, which may itself hold spaces or ')'
-    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
-    return state not in (b"Z", b"X")
+_GONE = (b"Z", b"X")  # /proc states of a process that has died (a zombie not reaped, or dead)
 
 
-def find_stubs(
-    parent_pid: Optional[int] = None, models: Optional[Iterable[str]] = None, proc: str = "/proc"
-) -> List[Stub]:
-    """Live stub processes, optionally only those of the server ``parent_pid`` and of ``models``."""
-    wanted = None if models is None else set(models)
-    out = []
+def _pids(proc: str) -> List[int]:
+    """Every process id under ``proc``."""
     try:
-        names = os.listdir(proc)
+        return [int(n) for n in os.listdir(proc) if n.isdigit()]
     except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        raw = _read(f"{proc}/{name}/cmdline")
-        stub = parse_stub_cmdline(int(name), raw) if raw else None
-        if stub is None:
-            continue
-        if parent_pid is not None and stub.parent_pid != parent_pid:
-            continue
-        if wanted is not None and stub.model not in wanted:
-            continue
-        if is_alive(stub.pid, proc):
-            out.append(stub)
-    return sorted(out, key=lambda s: (s.instance, s.pid))
-
-
-# The process name (``/proc/PID/comm``) an engine worker of the tts gives itself
-# (serving/talker/worker.py, pipeline fused: one process per GPU), followed by its GPU's index.
-WORKER_COMM_PREFIX = "qwen3tts-gpu"
+        return []
 
 
 def _stat_fields(pid: int, proc: str) -> Optional[tuple]:
@@ -112,28 +82,49 @@ def _stat_fields(pid: int, proc: str) -> Optional[tuple]:
         return None
 
 
+def is_alive(pid: int, proc: str = "/proc") -> bool:
+    """True while ``pid`` exists and is not a zombie (a dead stub its parent has not reaped)."""
+    f = _stat_fields(pid, proc)
+    return f is not None and f[1] not in _GONE
+
+
+def find_stubs(
+    parent_pid: Optional[int] = None, models: Optional[Iterable[str]] = None, proc: str = "/proc"
+) -> List[Stub]:
+    """Live stub processes, optionally only those of the server ``parent_pid`` and of ``models``."""
+    wanted = None if models is None else set(models)
+    out = []
+    for pid in _pids(proc):
+        raw = _read(f"{proc}/{pid}/cmdline")
+        stub = parse_stub_cmdline(pid, raw) if raw else None
+        if stub is None:
+            continue
+        if parent_pid is not None and stub.parent_pid != parent_pid:
+            continue
+        if wanted is not None and stub.model not in wanted:
+            continue
+        if is_alive(stub.pid, proc):
+            out.append(stub)
+    return sorted(out, key=lambda s: (s.instance, s.pid))
+
+
+# The process name (``/proc/PID/comm``) an engine worker of the tts gives itself
+# (serving/talker/worker.py, pipeline fused: one process per GPU), followed by its GPU's index.
+WORKER_COMM_PREFIX = "qwen3tts-gpu"
+
+
 def find_workers(stubs: Iterable[Stub], proc: str = "/proc") -> List[Stub]:
     """The live engine worker processes (children of ``stubs`` named ``WORKER_COMM_PREFIX``N), each as
     a :class:`Stub` of its stub's model, instance ``<stub instance> gpu N engine``."""
     by_pid = {s.pid: s for s in stubs}
     out = []
-    if not by_pid:
-        return out
-    try:
-        names = os.listdir(proc)
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        f = _stat_fields(int(name), proc)
-        if f is None or not f[0].startswith(WORKER_COMM_PREFIX) or f[2] not in by_pid or f[1] in (b"Z", b"X"):
+    for pid in _pids(proc) if by_pid else []:
+        f = _stat_fields(pid, proc)
+        if f is None or not f[0].startswith(WORKER_COMM_PREFIX) or f[2] not in by_pid or f[1] in _GONE:
             continue
         stub = by_pid[f[2]]
         gpu = f[0][len(WORKER_COMM_PREFIX) :]
-        out.append(
-            Stub(pid=int(name), model=stub.model, instance=f"{stub.instance} gpu {gpu} engine", parent_pid=stub.pid)
-        )
+        out.append(Stub(pid=pid, model=stub.model, instance=f"{stub.instance} gpu {gpu} engine", parent_pid=stub.pid))
     return sorted(out, key=lambda s: (s.instance, s.pid))
 
 
