@@ -106,6 +106,12 @@ def test_the_worker_names_itself_for_the_launcher(worker):
     assert find_workers([me]) == [Stub(worker.process.pid, "tts", "tts_0_0 gpu 0 engine", os.getpid())]
 
 
+def test_abort_of_a_request_never_streamed_returns(worker):
+    """An abort before this client's first stream (the answer must find its way back)."""
+    asyncio.run(asyncio.wait_for(worker.abort("never"), 5))
+    wait_until(lambda: worker.snapshot()["counts"].get("abort") == 1)
+
+
 def test_snapshots_carry_the_worker_counts(worker):
     asyncio.run(collect(worker, "s1", "ok 1"))
     wait_until(lambda: worker.snapshot()["counts"].get("streams") == 1)

@@ -267,6 +267,7 @@ class ProcessTalker:
         """Abort the engine request and wait until the worker has (its stream then ends)."""
         fut = asyncio.get_running_loop().create_future()
         with self._lock:
+            self._loop = asyncio.get_running_loop()  # where the reader resolves ``fut``
             if self.dead is not None:
                 return
             self._aborts.setdefault(request_id, []).append(fut)
