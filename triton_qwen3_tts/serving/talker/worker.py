@@ -81,12 +81,10 @@ async def _serve(conn, cfg: TalkerModelConfig, name: str) -> None:
     from triton_qwen3_tts.serving.talker.service import TalkerService
 
     loop = asyncio.get_running_loop()
-    lock = threading.Lock()
 
-    def send(msg) -> bool:
+    def send(msg) -> bool:  # only ever called on this loop's thread: one sender, no lock
         try:
-            with lock:
-                conn.send(msg)
+            conn.send(msg)
             return True
         except (OSError, EOFError, BrokenPipeError):  # the tts is gone: the reader ends us
             return False
@@ -184,7 +182,9 @@ class ProcessTalker:
         self.info: Dict[str, Any] = {}
         self.dead: Optional[str] = None  # why the worker is gone (None while it serves)
         self._closing = False
-        self._lock = threading.Lock()  # conn.send, and the tables below (the reader thread reads them)
+        # two locks: a send that blocks on a full pipe must not stop the reader routing replies
+        self._send_lock = threading.Lock()  # conn.send (the tts's loop, finalize)
+        self._lock = threading.Lock()  # the tables below (the reader thread writes them)
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the consumers' loop (the tts's)
         self._queues: Dict[str, asyncio.Queue] = {}
         self._aborts: Dict[str, List[asyncio.Future]] = {}
@@ -193,7 +193,7 @@ class ProcessTalker:
         self._counts: Dict[str, int] = {}
         self._live = 0
         self._stats: Dict[str, Any] = {}
-        self._observations: deque = deque()
+        self._observations: deque = deque(maxlen=100000)  # bounded if nobody exports: the oldest go
         self._reader = None
 
     # -- life cycle
@@ -223,11 +223,7 @@ class ProcessTalker:
         self._closing = True
         if self.process is None:
             return
-        try:
-            with self._lock:
-                self.conn.send(("stop",))
-        except (OSError, EOFError, BrokenPipeError):
-            pass
+        self._send(("stop",), quiet=True)
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
@@ -289,7 +285,7 @@ class ProcessTalker:
     # -- internals
     def _send(self, msg, quiet: bool = False) -> None:
         try:
-            with self._lock:
+            with self._send_lock:
                 self.conn.send(msg)
         except (OSError, EOFError, BrokenPipeError, ValueError):
             if not quiet:
@@ -323,9 +319,6 @@ class ProcessTalker:
                     with self._lock:
                         self._counts, self._live, self._stats = snap["counts"], snap["live"], snap["stats"]
                         self._observations.extend(snap["observations"])
-                        if len(self._observations) > 100000:  # bounded if nobody exports
-                            for _ in range(len(self._observations) - 100000):
-                                self._observations.popleft()
                 elif kind == "ready":
                     self.info = msg[1]
                     self._started.set()

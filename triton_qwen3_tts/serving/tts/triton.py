@@ -508,24 +508,23 @@ class TritonPythonModel:
                 )
             self.workers = clients
             self.peers = WorkerWatch(clients)
-            self.fused_metrics = _FusedMetrics(clients)
-            return clients
-        frontend = make_frontend(tcfg)
-        clients = []
-        # one after the other: torch.compile is not safe to run in two threads of one process at once
-        for i, (device, cfg_i) in enumerate(zip(devices, cfgs)):
-            if len(devices) == 1:
-                loop, run = None, lambda coro: asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-            else:
-                dl = DeviceLoop(device, name=f"gpu{i}")
-                self.device_loops.append(dl)
-                loop, run = dl.loop, dl.run
-            svc = TalkerService(frontend, run(make_engine(cfg_i)))
-            if tcfg.warmup:  # readiness means every engine has served a request
-                run(svc.warmup())
-            self.talker_services.append(svc)
-            clients.append(LocalTalker(svc, loop))
-            pb_utils.Logger.log_info(f"tts: gpu {i}: native engine and codec on {device}")
+        else:
+            frontend = make_frontend(tcfg)
+            clients = []
+            # one after the other: torch.compile is not safe to run in two threads of one process at once
+            for i, (device, cfg_i) in enumerate(zip(devices, cfgs)):
+                if len(devices) == 1:
+                    loop, run = None, lambda coro: asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+                else:
+                    dl = DeviceLoop(device, name=f"gpu{i}")
+                    self.device_loops.append(dl)
+                    loop, run = dl.loop, dl.run
+                svc = TalkerService(frontend, run(make_engine(cfg_i)))
+                if tcfg.warmup:  # readiness means every engine has served a request
+                    run(svc.warmup())
+                self.talker_services.append(svc)
+                clients.append(LocalTalker(svc, loop))
+                pb_utils.Logger.log_info(f"tts: gpu {i}: native engine and codec on {device}")
         self.fused_metrics = _FusedMetrics(clients)
         return clients
 
