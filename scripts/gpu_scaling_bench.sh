@@ -62,19 +62,20 @@ build /tmp/repo_b "$GPUS_B"
 t0=$(date +%s)
 start a 18000 /tmp/repo_a 0
 start b 19000 /tmp/repo_b
+# ok_X: 0 loading, 1 ready, 2 gone (a server whose process is gone will not become ready); wait
+# until neither is loading, so that one server's failure does not cut the other's start short
 ok_a=0; ok_b=0
 for i in $(seq 1 "${READY_S:-300}"); do
   if [ $ok_a = 0 ] && ready 18000; then ok_a=1; echo "A ready after $(($(date +%s) - t0)) s"; fi
   if [ $ok_b = 0 ] && ready 19000; then ok_b=1; echo "B ready after $(($(date +%s) - t0)) s"; fi
-  [ $ok_a = 1 ] && [ $ok_b = 1 ] && break
-  # a server whose process is gone will not become ready
-  if ! pgrep -f "model-repository=/tmp/repo_a" > /dev/null && [ $ok_a = 0 ]; then break; fi
-  if ! pgrep -f "model-repository=/tmp/repo_b" > /dev/null && [ $ok_b = 0 ]; then break; fi
+  if [ $ok_a = 0 ] && ! pgrep -f "model-repository=/tmp/repo_a" > /dev/null; then ok_a=2; fi
+  if [ $ok_b = 0 ] && ! pgrep -f "model-repository=/tmp/repo_b" > /dev/null; then ok_b=2; fi
+  [ $ok_a != 0 ] && [ $ok_b != 0 ] && break
   sleep 1
 done
 for s in a b; do
   v=ok_$s
-  if [ "${!v}" = 0 ]; then
+  if [ "${!v}" != 1 ]; then
     echo "server $s not ready after $(($(date +%s) - t0)) s:" >&2
     grep -E "^E|Error" "$OUT/server_$s.log" | head -20 | cut -c1-600 >&2
   fi

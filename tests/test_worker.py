@@ -15,7 +15,7 @@ import worker_fakes
 from triton_qwen3_tts.serving.errors import error_code_name
 from triton_qwen3_tts.serving.faults import PeerDied
 from triton_qwen3_tts.serving.model_config import ModelConfigError, TtsModelConfig
-from triton_qwen3_tts.serving.talker.worker import ProcessTalker, WorkerWatch, start_workers
+from triton_qwen3_tts.serving.talker.worker import ProcessTalker, WorkerWatch, cuda_index, start_workers
 from triton_qwen3_tts.serving.tts.request import RequestError
 
 
@@ -192,3 +192,9 @@ def test_fused_workers_setting_picks_processes(value, lanes, expected):
 def test_fused_workers_setting_refuses_other_values():
     with pytest.raises(ModelConfigError, match="fused_workers"):
         TtsModelConfig(checkpoint="x", fused_workers="fork")
+
+
+@pytest.mark.parametrize("device, expected", [("cuda", 0), ("cuda:1", 1), ("cuda:0", 0), ("cpu", None)])
+def test_the_worker_sets_its_cuda_device_by_index(device, expected):
+    # torch.cuda.set_device refuses torch.device("cuda") (no index): one GPU's worker is "cuda"
+    assert cuda_index(device) == expected

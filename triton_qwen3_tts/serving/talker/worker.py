@@ -57,11 +57,21 @@ def worker_main(conn, cfg: TalkerModelConfig, name: str, gpu: int = 0) -> None:
     prepare_process()
     _name_process(f"{WORKER_COMM_PREFIX}{gpu}")
     logging.basicConfig(level=logging.INFO, format=f"{name}: %(levelname)s %(name)s: %(message)s")
-    if cfg.device.startswith("cuda"):
+    index = cuda_index(cfg.device)
+    if index is not None:
         import torch
 
-        torch.cuda.set_device(torch.device(cfg.device))
+        torch.cuda.set_device(index)
     asyncio.run(_serve(conn, cfg, name))
+
+
+def cuda_index(device: str) -> Optional[int]:
+    """The CUDA device index ``device`` names ("cuda" alone: 0, the first visible one; the worker's
+    current device must be set to an index), or None for a device that is not CUDA."""
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return None
+    return int(index) if index else 0
 
 
 def _name_process(comm: str) -> None:
