@@ -11,6 +11,11 @@
 # audio-s/s at its capacity rate over A's. GATEWAY=1 adds, last, on server B, one stream of gRPC
 # TTFA vs the OpenAI gateway's time to first byte (benchmark/benchmark_gateway.py, GATEWAY_ARGS).
 # A server that does not become ready is reported and the other one is still measured.
+# Each measurement also records the CPU use of every process of the server (scripts/proc_cpu.py:
+# cpu_closed_X.json, cpu_open_X.json); PROFILE_RATE=R adds, for the servers in PROFILE_ON (default
+# b), a py-spy profile of the tts stub and its engine workers during an open loop at R req/s
+# (PROFILE_S seconds; the py-spy wheel comes from scripts/gpu_wheels.sh; collapsed stacks in
+# pyspy_X_PID.txt).
 # Carry: .gpu-bundle and .whl (see scripts/gpu_env.sh). Results under $OUT, written as they come;
 # PACK=FILE also packs $OUT into the tar.gz FILE after each phase (the device tool returns at most
 # 8 files, so a call keeps its results in one archive, complete up to the phase it reached).
@@ -46,15 +51,50 @@ start() {  # start NAME PORT_BASE REPO [CUDA_VISIBLE_DEVICES]
 }
 pack() { if [ -n "${PACK:-}" ]; then tar czf "$PACK.tmp" -C "$OUT" . && mv "$PACK.tmp" "$PACK"; fi; }
 ready() { curl -sf "localhost:$1/v2/health/ready" > /dev/null; }
+server_pid() { pgrep -f "model-repository=/tmp/repo_$1" | head -1; }
+cpu_snap() {  # cpu_snap NAME LABEL: CPU seconds of server NAME's process tree (scripts/proc_cpu.py)
+  python scripts/proc_cpu.py snap --root "$(server_pid "$1")" --out "$OUT/cpu_$1_$2.json" 2>/dev/null
+}
 measure() {  # measure NAME PORT_BASE LEVELS RATES
   local grpc=127.0.0.1:$(($2 + 1))
+  cpu_snap "$1" closed0
   # shellcheck disable=SC2086
   timeout 200 python benchmark/benchmark_service.py --url "$grpc" --concurrency $3 --fixed-frames "$FRAMES" \
     $CLOSED_ARGS --out-json "$OUT/closed_$1.json" --no-progress 2>&1 | tail -8
+  cpu_snap "$1" closed1
   # shellcheck disable=SC2086
   timeout 300 python benchmark/benchmark_service.py --url "$grpc" --rate $4 --fixed-frames "${OPEN_FRAMES:-50}" \
     $OPEN_ARGS --out-json "$OUT/open_$1.json" --no-progress 2>&1 | tail -10
+  cpu_snap "$1" open1
+  # which process is busy: per-process CPU over the closed loop, then over the open loop
+  python scripts/proc_cpu.py diff "$OUT/cpu_$1_closed0.json" "$OUT/cpu_$1_closed1.json" --out-json "$OUT/cpu_closed_$1.json" | head -8
+  python scripts/proc_cpu.py diff "$OUT/cpu_$1_closed1.json" "$OUT/cpu_$1_open1.json" --out-json "$OUT/cpu_open_$1.json" | head -8
+  if [ -n "${PROFILE_RATE:-}" ] && [[ " ${PROFILE_ON:-b} " == *" $1 "* ]]; then profile "$1" "$grpc"; fi
   curl -s "localhost:$(($2 + 2))/metrics" | grep -E "^qwen3_tts|^nv_inference_(count|request_success)" > "$OUT/metrics_$1.txt"
+}
+profile() {  # profile NAME GRPC: py-spy (carried wheel) samples the tts stub and the engine workers
+  # for PROFILE_S seconds of an open loop at PROFILE_RATE req/s; collapsed stacks in pyspy_NAME_*.txt
+  command -v py-spy > /dev/null || { echo "PROFILE_RATE: py-spy missing (scripts/gpu_wheels.sh)" >&2; return; }
+  local secs=${PROFILE_S:-15} pids pid
+  pids=$(python -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(' '.join(p for p, v in d['procs'].items() if 'qwen3tts-gpu' in v['comm'] or '/tts/' in v['cmd']))
+" "$OUT/cpu_$1_open1.json")
+  # shellcheck disable=SC2086
+  timeout 120 python benchmark/benchmark_service.py --url "$2" --rate "$PROFILE_RATE" --fixed-frames "${OPEN_FRAMES:-50}" \
+    $OPEN_ARGS --duration $((secs + 6)) --out-json "$OUT/profiled_$1.json" --no-progress > "$OUT/profiled_$1.txt" 2>&1 &
+  local jobs=$!  # waited for by pid: a bare `wait` would also wait for the servers, started as jobs
+  sleep 4
+  for pid in $pids; do
+    timeout $((secs + 20)) py-spy record --pid "$pid" --duration "$secs" --rate 200 --nonblocking --format raw \
+      -o "$OUT/pyspy_$1_$pid.txt" > "$OUT/pyspy_$1_$pid.log" 2>&1 &
+    jobs="$jobs $!"
+  done
+  # shellcheck disable=SC2086
+  wait $jobs
+  tail -4 "$OUT/profiled_$1.txt"
+  ls -la "$OUT"/pyspy_"$1"_* 2>&1 | head
 }
 
 build /tmp/repo_a 1

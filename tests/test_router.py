@@ -30,7 +30,7 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def test_new_streams_go_to_the_least_loaded_lane_ties_lowest():
+def test_new_streams_go_to_the_least_loaded_lane_ties_in_turn():
     async def main():
         changes = []
         r = Router(3, per_device=4, max_queued=0, on_change=lambda d, n: changes.append((d, n)))
@@ -40,10 +40,26 @@ def test_new_streams_go_to_the_least_loaded_lane_ties_lowest():
         assert await r.acquire() == 1  # the only lane with 0
         r.release(0)
         r.release(2)
-        assert r.load == [0, 1, 0] and await r.acquire() == 0  # tie 0/2: the lowest
-        assert await r.acquire() == 2
+        # tie 0/2, the last stream went to lane 1: lane 2 is next in turn, then 0
+        assert r.load == [0, 1, 0] and await r.acquire() == 2
+        assert await r.acquire() == 0
         assert r.routed == [2, 2, 2] and r.in_flight == 3
         assert changes[:3] == [(0, 1), (1, 1), (2, 1)] and changes[3] == (1, 0)
+
+    run(main())
+
+
+def test_streams_that_find_the_lanes_level_take_turns():
+    # one stream at a time (each done before the next arrives): every lane is always at 0, and
+    # lane 0 must not take them all
+    async def main():
+        r = Router(2, per_device=4, max_queued=0)
+        for _ in range(10):
+            r.release(await r.acquire())
+        assert r.routed == [5, 5]
+        # the turn does not make a loaded lane win: the least loaded still does
+        d = await r.acquire()
+        assert [await r.acquire() for _ in range(3)] == [1 - d, d, 1 - d] and r.load == [2, 2]
 
     run(main())
 
@@ -67,7 +83,7 @@ def test_per_lane_limit_total_limit_queue_and_refusal():
         with pytest.raises(Overloaded):
             await t.acquire()
         t.release(0)
-        assert await t.acquire() == 0
+        assert await t.acquire() == 1  # level at [1, 1]; the last stream went to lane 0: lane 1's turn
 
     run(main())
 

@@ -182,11 +182,18 @@ def test_start_workers_stops_every_worker_when_one_fails(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "value, lanes, expected",
-    [("auto", 1, False), ("auto", 2, True), ("process", 1, True), ("thread", 2, False)],
+    "value, lanes, device, expected",
+    [
+        ("auto", 1, "cpu", False),
+        ("auto", 2, "cpu", True),
+        ("auto", 1, "cuda", True),
+        ("auto", 1, "cuda:0", True),
+        ("process", 1, "cpu", True),
+        ("thread", 2, "cuda:0", False),
+    ],
 )
-def test_fused_workers_setting_picks_processes(value, lanes, expected):
-    assert TtsModelConfig(checkpoint="x", fused_workers=value).worker_processes(lanes) is expected
+def test_fused_workers_setting_picks_processes(value, lanes, device, expected):
+    assert TtsModelConfig(checkpoint="x", fused_workers=value).worker_processes(lanes, device) is expected
 
 
 def test_fused_workers_setting_refuses_other_values():

@@ -389,6 +389,11 @@ class TtsModelConfig:
     def admission(self) -> AdmissionConfig:
         return AdmissionConfig(self.max_in_flight, self.max_queued)
 
-    def worker_processes(self, lanes: int) -> bool:
-        """Pipeline fused over ``lanes`` GPUs: True when each engine runs in a worker process."""
-        return self.fused_workers == "process" or (self.fused_workers == "auto" and lanes > 1)
+    def worker_processes(self, lanes: int, device: str = "cuda") -> bool:
+        """Pipeline fused over ``lanes`` lanes on ``device`` (``cuda...`` or ``cpu``): True when each
+        engine runs in a worker process. ``auto``: on CUDA always (one GPU served twice the open-loop
+        rate so, docs/benchmark-history.md run 26), on the CPU only for several lanes (one CPU lane
+        in the tts process keeps the CPU tests and small machines to one model load)."""
+        if self.fused_workers != "auto":
+            return self.fused_workers == "process"
+        return lanes > 1 or device.startswith("cuda")

@@ -122,7 +122,7 @@ SETTINGS: Tuple[Setting, ...] = (
         "pipeline fused: where each GPU's talker engine (with its codec) runs. process: a process of its "
         "own per GPU, started by the tts, so each engine's scheduler has a Python interpreter to itself; "
         "thread: inside the tts process (one GPU: on the tts's event loop; several: a thread each); "
-        "auto: process with gpus > 1, thread with one",
+        "auto: process on GPUs, and on the CPU with gpus > 1 (thread for one CPU lane)",
         choices=("auto", "process", "thread"),
         group="repository",
     ),

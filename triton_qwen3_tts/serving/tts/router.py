@@ -5,8 +5,8 @@ talker engine and its codec (pipeline fused: one engine with the codec in its lo
 served by one lane from its first frame to its FINAL, so its talker request and codec state stay
 on that device. :class:`Router` picks the lane of each new stream and keeps the counts:
 
-* a new stream goes to the least-loaded lane (fewest streams in flight; ties: the lowest index)
-  among those under their limit (``per_device``, the ``max_in_flight`` setting) while the total is
+* a new stream goes to the least-loaded lane (fewest streams in flight; ties: the next lane in
+  turn after the last one given a stream, so that equal lanes take turns) among those under their limit (``per_device``, the ``max_in_flight`` setting) while the total is
   under ``total`` (default ``devices x per_device``);
 * when none can take it, up to ``max_queued`` more wait (one queue for all lanes, first come first
   served); a freed slot goes to the head of the queue, on the least-loaded lane that then has room;
@@ -68,6 +68,11 @@ class Router:
         self.routed: List[int] = [0] * devices  # streams ever admitted per lane
         self.refused = 0
         self.on_change = on_change
+        # the lane after the one last given a stream: ties go round, not always to lane 0, which
+        # would then take every stream that arrives while the lanes are level (the common case at
+        # a low in-flight count) and carry a measurably larger share of the new streams' first
+        # chunks, the most urgent work
+        self._turn = 0
         self._waiters: "collections.deque[asyncio.Future]" = collections.deque()
 
     @property
@@ -79,12 +84,15 @@ class Router:
         return sum(1 for f in self._waiters if not f.done())
 
     def choose(self) -> Optional[int]:
-        """The lane a new stream would get now: the least loaded under its limit (ties: the lowest
-        index), or None when every lane is full or the total limit is reached."""
+        """The lane a new stream would get now: the least loaded under its limit (ties: the first in
+        turn, counting from the lane after the one last given a stream), or None when every lane is
+        full or the total limit is reached."""
         if self.in_flight >= self.total:
             return None
         best = None
-        for d, n in enumerate(self.load):
+        for i in range(self.devices):
+            d = (self._turn + i) % self.devices
+            n = self.load[d]
             if n < self.per_device and (best is None or n < self.load[best]):
                 best = d
         return best
@@ -92,6 +100,7 @@ class Router:
     def _take(self, device: int) -> int:
         self.load[device] += 1
         self.routed[device] += 1
+        self._turn = (device + 1) % self.devices
         self.on_change(device, self.load[device])
         return device
 

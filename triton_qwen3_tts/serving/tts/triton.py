@@ -498,7 +498,7 @@ class TritonPythonModel:
             cuda = torch.cuda.device_count()
         devices = resolve_devices(self.cfg.gpus, tcfg.device, cuda)
         cfgs = [tcfg if len(devices) == 1 else dataclasses.replace(tcfg, device=d) for d in devices]
-        if self.cfg.worker_processes(len(devices)):
+        if self.cfg.worker_processes(len(devices), devices[0]):
             names = [f"tts gpu {i} engine" for i in range(len(devices))]
             clients = start_workers(cfgs, names)
             for i, w in enumerate(clients):
