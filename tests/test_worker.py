@@ -205,3 +205,45 @@ def test_fused_workers_setting_refuses_other_values():
 def test_the_worker_sets_its_cuda_device_by_index(device, expected):
     # torch.cuda.set_device refuses torch.device("cuda") (no index): one GPU's worker is "cuda"
     assert cuda_index(device) == expected
+
+
+def test_a_stalled_worker_does_not_block_the_tts_event_loop(worker):
+    # the worker stops reading for 3 s; meanwhile streams with 1 MB of reference audio each (more
+    # than a pipe holds) are sent: the loop that sends them keeps running, and every stream is
+    # served once the worker reads again
+    big = np.zeros(256 * 1024, np.float32)
+
+    async def main():
+        ticks = 0
+        stop = asyncio.Event()
+
+        async def ticker():
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        t = asyncio.create_task(ticker())
+        deaf = asyncio.create_task(collect(worker, "deaf", "deaf 3"))
+        await asyncio.sleep(0.3)  # the worker is asleep now
+        t0 = time.perf_counter()
+        big_ones = [
+            asyncio.create_task(collect_inputs(worker, f"big{i}", {**text("big 1"), "ref_audio": big}))
+            for i in range(4)
+        ]
+        await asyncio.sleep(1.0)
+        ticks_while_stalled = ticks
+        stalled_for = time.perf_counter() - t0
+        got = await asyncio.wait_for(asyncio.gather(deaf, *big_ones), 30)
+        stop.set()
+        await t
+        return ticks_while_stalled, stalled_for, got
+
+    ticks, stalled_for, got = asyncio.run(main())
+    # blocked in a send, the loop would not have ticked at all until the worker woke (at 3 s)
+    assert stalled_for < 2.5 and ticks >= 20, (ticks, stalled_for)
+    assert [len(g) for g in got] == [1, 1, 1, 1, 1]
+
+
+async def collect_inputs(w, rid, inputs):
+    return [x async for x in w.stream(rid, inputs)]

@@ -8,8 +8,12 @@ them.
 * ``"bad"``: an INVALID_ARG end naming ``max_frames``;
 * ``"hang"``: no item and no end until it is cancelled or aborted; each ``cancel`` and ``abort``
   it gets is counted, and the counts go out in every snapshot;
-* ``"die"``: one item, then the process exits at once (a crash).
+* ``"die"``: one item, then the process exits at once (a crash);
+* ``"deaf S"``: stops reading the pipe for S seconds (a stalled worker: the tts's sends then
+  fill the pipe), then answers every stream it finds as ``"ok 1"`` would.
 """
+
+import time
 
 import os
 import threading
@@ -48,7 +52,7 @@ def scripted_worker(conn, cfg, name, gpu=0):
         if kind == "stream":
             rid, text = msg[1], _text(msg[2])
             counts["streams"] += 1
-            if text.startswith("ok"):
+            if text.startswith("ok") or (text.startswith("big") and msg[2].get("ref_audio") is not None):
                 for i in range(int(text.split()[1])):
                     send(("item", rid, np.full(2, i, np.float32)))
                 send(("end", rid, None))
@@ -59,6 +63,10 @@ def scripted_worker(conn, cfg, name, gpu=0):
             elif text == "die":
                 send(("item", rid, np.zeros(2, np.float32)))
                 os._exit(3)
+            elif text.startswith("deaf"):
+                time.sleep(float(text.split()[1]))
+                send(("item", rid, np.zeros(2, np.float32)))
+                send(("end", rid, None))
         elif kind == "cancel":
             counts["cancel"] += 1
             hanging.discard(msg[1])

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import queue
 import threading
 import time
 import traceback
@@ -192,8 +193,14 @@ class ProcessTalker:
         self.info: Dict[str, Any] = {}
         self.dead: Optional[str] = None  # why the worker is gone (None while it serves)
         self._closing = False
-        # two locks: a send that blocks on a full pipe must not stop the reader routing replies
-        self._send_lock = threading.Lock()  # conn.send (the tts's loop, finalize)
+        # Sends go through a queue to a sender thread of their own: conn.send blocks while the
+        # pipe is full, which a stalled worker (stopped, or stuck without reading) lets happen
+        # after 64 KiB (one voice-clone request's reference audio is more). The tts's event loop
+        # must never block there: it also runs the other workers' streams and the watchdog
+        # that fails a stalled worker's requests. The queue is bounded by admission (each
+        # admitted stream sends a few messages).
+        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._sender = None
         self._lock = threading.Lock()  # the tables below (the reader thread writes them)
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the consumers' loop (the tts's)
         self._queues: Dict[str, asyncio.Queue] = {}
@@ -217,6 +224,8 @@ class ProcessTalker:
         child.close()
         self._reader = threading.Thread(target=self._read, name=f"{self.name}-pipe", daemon=True)
         self._reader.start()
+        self._sender = threading.Thread(target=self._write, name=f"{self.name}-send", daemon=True)
+        self._sender.start()
         return self
 
     def wait_ready(self, timeout: Optional[float] = None) -> Dict[str, Any]:
@@ -233,11 +242,13 @@ class ProcessTalker:
         self._closing = True
         if self.process is None:
             return
-        self._send(("stop",), quiet=True)
+        self._send(("stop",))
         self.process.join(timeout)
         if self.process.is_alive():
             self.process.kill()
             self.process.join(5)
+        self._outbox.put(None)  # ends the sender (after the kill, a send it was blocked in fails)
+        self._sender.join(5)
         self.conn.close()
 
     # -- the client interface (serving/tts/service.py TalkerClient)
@@ -250,7 +261,7 @@ class ProcessTalker:
             self._queues[request_id] = q
         finished = False
         try:
-            self._send(("stream", request_id, dict(inputs)))
+            self._send(("stream", request_id, dict(inputs)))  # a send that fails: the reader ends q
             while True:
                 msg = await q.get()
                 if msg[0] == "item":
@@ -267,7 +278,7 @@ class ProcessTalker:
             with self._lock:
                 self._queues.pop(request_id, None)
             if not finished and self.dead is None:
-                self._send(("cancel", request_id), quiet=True)
+                self._send(("cancel", request_id))
 
     async def abort(self, request_id: str) -> None:
         """Abort the engine request and wait until the worker has (its stream then ends)."""
@@ -277,7 +288,7 @@ class ProcessTalker:
             if self.dead is not None:
                 return
             self._aborts.setdefault(request_id, []).append(fut)
-        self._send(("abort", request_id), quiet=True)
+        self._send(("abort", request_id))
         await fut
 
     def snapshot(self) -> Dict[str, Any]:
@@ -293,13 +304,22 @@ class ProcessTalker:
             }
 
     # -- internals
-    def _send(self, msg, quiet: bool = False) -> None:
-        try:
-            with self._send_lock:
+    def _send(self, msg) -> None:
+        """Queue ``msg`` for the worker; never blocks. A message the worker never gets (it died)
+        needs no answer of its own: the reader sees the pipe close and ends every stream and
+        abort with :class:`PeerDied`."""
+        self._outbox.put(msg)
+
+    def _write(self) -> None:
+        """The sender thread: the queued messages, in order, until ``close`` (None)."""
+        while True:
+            msg = self._outbox.get()
+            if msg is None:
+                return
+            try:
                 self.conn.send(msg)
-        except (OSError, EOFError, BrokenPipeError, ValueError):
-            if not quiet:
-                raise PeerDied(self.dead or f"{self.name}: its engine process is gone") from None
+            except (OSError, EOFError, BrokenPipeError, ValueError):
+                pass  # the worker is gone: the reader reports it (PeerDied); drop the rest
 
     def _post(self, fn, *args) -> None:
         loop = self._loop
