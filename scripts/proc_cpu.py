@@ -79,7 +79,9 @@ def diff(a: dict, b: dict) -> List[dict]:
     for pid, p in b["procs"].items():
         if pid in a["procs"]:
             used = p["cpu_s"] - a["procs"][pid]["cpu_s"]
-            rows.append({"pid": int(pid), "comm": p["comm"], "cmd": p["cmd"], "cpu_s": used, "cpu_pct": 100 * used / wall})
+            rows.append(
+                {"pid": int(pid), "comm": p["comm"], "cmd": p["cmd"], "cpu_s": used, "cpu_pct": 100 * used / wall}
+            )
     rows.sort(key=lambda r: -r["cpu_s"])
     return rows
 

@@ -9,7 +9,9 @@ underran) and each open-loop rate with its capacity verdict, then ``scaling_2gpu
 many-GPU server's served audio-s/s at its capacity rate over the one-GPU server's at its own
 (the capacity rate is the highest offered rate that kept TTFA p95 <= 100 ms, under 1 % of the
 requests underrunning and none failed, as ``qwen3-tts-bench-service`` decides it). The ratio is
-empty when either server has no capacity rate.
+empty when either server has no capacity rate; when only the many-GPU server has none (it failed
+even its lowest rate), ``scaling_2gpu_ratio_at_most`` bounds it: that server's capacity lies below
+its lowest rate, so it serves less than it did there.
 
     python scripts/scaling_report.py --one closed_a.json open_a.json \\
         --many closed_b.json open_b.json --gpus 2 --out-json scaling.json
@@ -64,6 +66,17 @@ def ratio(one: dict, many: dict) -> Optional[float]:
     return None if not a or b is None else round(b / a, 2)
 
 
+def ratio_at_most(one: dict, many: dict) -> Optional[float]:
+    """An upper bound of the ratio when the many-GPU server passed no rate but the one-GPU server
+    did: the many-GPU server's audio-s/s at its lowest offered rate over the one-GPU server's at
+    its capacity. None otherwise."""
+    a = one["capacity_audio_s_per_s"]
+    if not a or many["capacity_audio_s_per_s"] is not None or not many["open"]:
+        return None
+    lowest = min(many["open"], key=lambda r: r["level"])
+    return round(lowest["audio_s_per_s"] / a, 2)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--one", nargs=2, metavar=("CLOSED", "OPEN"), required=True)
@@ -73,7 +86,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     one = summary(*map(_load, args.one))
     many = summary(*map(_load, args.many))
-    result = {"gpus": {"1": one, str(args.gpus): many}, f"scaling_{args.gpus}gpu_ratio": ratio(one, many)}
+    key = f"scaling_{args.gpus}gpu_ratio"
+    result = {"gpus": {"1": one, str(args.gpus): many}, key: ratio(one, many)}
+    bound = ratio_at_most(one, many)
+    if bound is not None:
+        result[f"{key}_at_most"] = bound
     print("| GPUs | loop | level | audio-s/s | TTFA p50 / p95 ms | underrun | failed | capacity |")
     print("|---:|---|---:|---:|---|---:|---:|---|")
     for gpus, s in (("1", one), (str(args.gpus), many)):
@@ -87,7 +104,9 @@ def main(argv=None) -> int:
                 )
     for gpus, s in (("1", one), (str(args.gpus), many)):
         print(f"{gpus} GPU(s): capacity {s['capacity_rps']} req/s, {s['capacity_audio_s_per_s']} audio-s/s there")
-    print(f"scaling_{args.gpus}gpu_ratio: {result[f'scaling_{args.gpus}gpu_ratio']}")
+    print(f"{key}: {result[key]}")
+    if bound is not None:
+        print(f"{key}: at most {bound} ({args.gpus} GPUs passed none of the rates tried)")
     if args.out_json:
         with open(args.out_json, "w") as f:
             json.dump(result, f, indent=1)

@@ -15,12 +15,7 @@ import proc_cpu  # noqa: E402
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs Linux /proc")
 
 # burns 0.5 s of its own CPU, says so, then waits (no more CPU) until its stdin closes
-BURN = (
-    "import sys, time\n"
-    "while time.process_time() < 0.5: pass\n"
-    "print('burnt', flush=True)\n"
-    "sys.stdin.read()\n"
-)
+BURN = "import sys, time\nwhile time.process_time() < 0.5: pass\nprint('burnt', flush=True)\nsys.stdin.read()\n"
 
 
 def test_a_busy_descendant_is_charged_its_cpu_time(tmp_path):
@@ -55,7 +50,9 @@ def test_the_command_line_writes_and_diffs_snapshots(tmp_path):
     script = Path(proc_cpu.__file__)
     for f in (a, b):
         subprocess.run([sys.executable, script, "snap", "--root", str(os.getpid()), "--out", f], check=True)
-    res = subprocess.run([sys.executable, script, "diff", a, b, "--out-json", out], check=True, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, script, "diff", a, b, "--out-json", out], check=True, capture_output=True, text=True
+    )
     assert res.stdout.startswith("CPU per process over")
     data = json.loads(out.read_text())
     assert data["wall_s"] > 0 and os.getpid() in [r["pid"] for r in data["procs"]]

@@ -112,9 +112,7 @@ def test_streams_go_to_the_least_loaded_gpu_and_stay_there(server, tiny_checkpoi
     received = 0
     try:
         # A: a long stream, alone: either GPU (a tie; which one depends on the streams before)
-        rid = long.send(
-            build_inputs(text="A long one on one GPU.", speaker="aiden", max_frames=400, ignore_eos=True)
-        )
+        rid = long.send(build_inputs(text="A long one on one GPU.", speaker="aiden", max_frames=400, ignore_eos=True))
         result, error, _ = long.queues[rid].get(timeout=120)
         assert error is None, error
         received += result.as_numpy("audio").size
@@ -141,7 +139,9 @@ def test_streams_go_to_the_least_loaded_gpu_and_stay_there(server, tiny_checkpoi
             now["started"], before["started"]
         ) == {a_gpu: 1, o_gpu: 2}
 
-    wait_for(settled, f"the engines' counts did not reach one stream on GPU {a_gpu} (aborted), two on GPU {o_gpu}", server)
+    wait_for(
+        settled, f"the engines' counts did not reach one stream on GPU {a_gpu} (aborted), two on GPU {o_gpu}", server
+    )
     after = snapshot(server)
     # each GPU's engine started exactly the streams routed to it, and decoded only their frames:
     # B's and C's GPU exactly theirs, A's at least what A's client received and nothing of B or C
