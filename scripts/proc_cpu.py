@@ -17,41 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
+from pathlib import Path
 from typing import Dict, List
 
-
-def _stat(pid: int):
-    """(ppid, utime + stime in seconds) of ``pid``, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    # the name (field 2) is in parentheses and may hold spaces: split after its last ')'
-    rest = raw[raw.rindex(")") + 2 :].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return int(rest[1]), (int(rest[11]) + int(rest[12])) / ticks
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout without the package installed
+from triton_qwen3_tts.serving.stub_procs import cmdline, pids, proc_stat  # noqa: E402
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def tree(root: int) -> List[int]:
-    """``root`` and every descendant alive now."""
-    parent: Dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = _stat(int(name))
-            if st is not None:
-                parent[int(name)] = st[0]
+def tree(root: int, parent: Dict[int, int]) -> List[int]:
+    """``root`` and every descendant of it in ``parent`` (pid -> parent pid)."""
     found, frontier = {root}, [root]
     while frontier:
         p = frontier.pop()
@@ -63,13 +39,12 @@ def tree(root: int) -> List[int]:
 
 
 def snap(root: int) -> dict:
+    """CPU seconds, name and command line of ``root`` and every descendant alive now."""
+    stats = {pid: st for pid in pids() if (st := proc_stat(pid)) is not None}
     procs = {}
-    for pid in tree(root):
-        st = _stat(pid)
-        if st is None:
-            continue
-        cmd = _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()
-        procs[str(pid)] = {"comm": _read(f"/proc/{pid}/comm").strip(), "cmd": cmd[:160], "cpu_s": st[1]}
+    for pid in tree(root, {p: st.ppid for p, st in stats.items()}):
+        if stats[pid].cpu_s is not None:
+            procs[str(pid)] = {"comm": stats[pid].comm, "cmd": cmdline(pid)[:160], "cpu_s": stats[pid].cpu_s}
     return {"time": time.time(), "root": root, "procs": procs}
 
 

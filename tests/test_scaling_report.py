@@ -42,27 +42,26 @@ def test_ratio_is_empty_without_a_capacity_point():
     assert scaling_report.ratio({"capacity_audio_s_per_s": 40.0}, {"capacity_audio_s_per_s": None}) is None
 
 
-def test_run25_recorded_outputs_give_the_goal_figure(tmp_path, capsys):
-    d = ROOT / "docs" / "bench" / "run25_gpus2" / "b"
+def _report(d, tmp_path) -> dict:
+    """scripts/scaling_report.py over a scaling run's recorded outputs in ``d``; its JSON."""
     out = tmp_path / "scaling.json"
     scaling_report.main(
         ["--one", str(d / "closed_a.json.gz"), str(d / "open_a.json.gz")]
         + ["--many", str(d / "closed_b.json.gz"), str(d / "open_b.json.gz"), "--gpus", "2", "--out-json", str(out)]
     )
-    result = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_run25_recorded_outputs_give_the_goal_figure(tmp_path, capsys):
+    d = ROOT / "docs" / "bench" / "run25_gpus2" / "b"
+    result = _report(d, tmp_path)
     assert result == json.loads((d / "scaling.json").read_text())
     assert "scaling_2gpu_ratio: 1.56" in capsys.readouterr().out
 
 
 def test_run26e_recorded_outputs_bound_the_goal_figure(tmp_path, capsys):
     # two GPUs passed none of the rates tried: no ratio, only its upper bound, which goals.json holds
-    d = ROOT / "docs" / "bench" / "run26_gpus2" / "e"
-    out = tmp_path / "scaling.json"
-    scaling_report.main(
-        ["--one", str(d / "closed_a.json.gz"), str(d / "open_a.json.gz")]
-        + ["--many", str(d / "closed_b.json.gz"), str(d / "open_b.json.gz"), "--gpus", "2", "--out-json", str(out)]
-    )
-    result = json.loads(out.read_text())
+    result = _report(ROOT / "docs" / "bench" / "run26_gpus2" / "e", tmp_path)
     goals = {f["id"]: f["value"] for f in json.loads((ROOT / "docs" / "bench" / "goals.json").read_text())["figures"]}
     assert result["scaling_2gpu_ratio"] is None
     assert result["scaling_2gpu_ratio_at_most"] == goals["scaling_2gpu_ratio"] == 1.43

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, NamedTuple, Optional
 
 STUB_NAME = "triton_python_backend_stub"
 
@@ -59,7 +59,7 @@ def parse_stub_cmdline(pid: int, cmdline: bytes) -> Optional[Stub]:
 _GONE = (b"Z", b"X")  # /proc states of a process that has died (a zombie not reaped, or dead)
 
 
-def _pids(proc: str) -> List[int]:
+def pids(proc: str = "/proc") -> List[int]:
     """Every process id under ``proc``."""
     try:
         return [int(n) for n in os.listdir(proc) if n.isdigit()]
@@ -67,25 +67,42 @@ def _pids(proc: str) -> List[int]:
         return []
 
 
-def _stat_fields(pid: int, proc: str) -> Optional[tuple]:
-    """``(comm, state, ppid)`` of ``pid`` from ``/proc/PID/stat``, or None."""
+class ProcStat(NamedTuple):
+    """What ``/proc/PID/stat`` says of a process (proc(5))."""
+
+    comm: str  # the process name, as /proc/PID/comm
+    state: bytes  # R, S, D, Z, X, ...
+    ppid: int
+    cpu_s: Optional[float]  # user + system CPU seconds so far; None when the line stops short
+
+
+def proc_stat(pid: int, proc: str = "/proc") -> Optional[ProcStat]:
+    """:class:`ProcStat` of ``pid``, or None when it is gone or its stat line does not parse."""
     stat = _read(f"{proc}/{pid}/stat")
     if stat is None:
         return None
+    # the name (field 2) is in parentheses and may hold spaces and parentheses: split after the last ')'
     lp, rp = stat.find(b"("), stat.rfind(b")")
     rest = stat[rp + 2 :].split()
     if lp < 0 or len(rest) < 2:
         return None
     try:
-        return stat[lp + 1 : rp].decode("utf-8", "replace"), rest[0], int(rest[1])
+        cpu = (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK") if len(rest) > 12 else None
+        return ProcStat(stat[lp + 1 : rp].decode("utf-8", "replace"), rest[0], int(rest[1]), cpu)
     except ValueError:
         return None
 
 
+def cmdline(pid: int, proc: str = "/proc") -> str:
+    """``pid``'s command line, its arguments joined by spaces ("" when it is gone)."""
+    raw = _read(f"{proc}/{pid}/cmdline")
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip() if raw else ""
+
+
 def is_alive(pid: int, proc: str = "/proc") -> bool:
     """True while ``pid`` exists and is not a zombie (a dead stub its parent has not reaped)."""
-    f = _stat_fields(pid, proc)
-    return f is not None and f[1] not in _GONE
+    f = proc_stat(pid, proc)
+    return f is not None and f.state not in _GONE
 
 
 def find_stubs(
@@ -94,7 +111,7 @@ def find_stubs(
     """Live stub processes, optionally only those of the server ``parent_pid`` and of ``models``."""
     wanted = None if models is None else set(models)
     out = []
-    for pid in _pids(proc):
+    for pid in pids(proc):
         raw = _read(f"{proc}/{pid}/cmdline")
         stub = parse_stub_cmdline(pid, raw) if raw else None
         if stub is None:
@@ -118,12 +135,12 @@ def find_workers(stubs: Iterable[Stub], proc: str = "/proc") -> List[Stub]:
     a :class:`Stub` of its stub's model, instance ``<stub instance> gpu N engine``."""
     by_pid = {s.pid: s for s in stubs}
     out = []
-    for pid in _pids(proc) if by_pid else []:
-        f = _stat_fields(pid, proc)
-        if f is None or not f[0].startswith(WORKER_COMM_PREFIX) or f[2] not in by_pid or f[1] in _GONE:
+    for pid in pids(proc) if by_pid else []:
+        f = proc_stat(pid, proc)
+        if f is None or not f.comm.startswith(WORKER_COMM_PREFIX) or f.ppid not in by_pid or f.state in _GONE:
             continue
-        stub = by_pid[f[2]]
-        gpu = f[0][len(WORKER_COMM_PREFIX) :]
+        stub = by_pid[f.ppid]
+        gpu = f.comm[len(WORKER_COMM_PREFIX) :]
         out.append(Stub(pid=pid, model=stub.model, instance=f"{stub.instance} gpu {gpu} engine", parent_pid=stub.pid))
     return sorted(out, key=lambda s: (s.instance, s.pid))
 
