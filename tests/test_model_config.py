@@ -78,3 +78,16 @@ def test_talker_native_knobs():
     for bad in ("1,x", "0,8", "2000", ","):
         with pytest.raises(ModelConfigError, match="native_batch_buckets"):
             TalkerModelConfig.from_parameters({"checkpoint": "ck", "native_batch_buckets": bad})
+
+
+def test_talker_cp_kernels_choice():
+    from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
+
+    base = {"checkpoint": "ck", "engine": "native"}
+    assert TalkerModelConfig.from_parameters(base).native_cp_kernels == "torch"
+    cfg = TalkerModelConfig.from_parameters({**base, "native_cp_kernels": "triton", "device": "cuda"})
+    assert cfg.native_cp_kernels == "triton"
+    with pytest.raises(ModelConfigError, match="native_cp_kernels.*torch, triton.*'cuda'"):
+        TalkerModelConfig.from_parameters({**base, "native_cp_kernels": "cuda"})
+    with pytest.raises(ModelConfigError, match="native_cp_kernels' triton needs engine native on a gpu"):
+        TalkerModelConfig.from_parameters({**base, "native_cp_kernels": "triton", "device": "cpu"})

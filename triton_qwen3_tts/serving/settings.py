@@ -183,6 +183,14 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_cp_kernels",
+        "torch",
+        "native engine: the code predictor's decode as torch blocks, or as fused Triton kernels "
+        "(five per layer; gpu only)",
+        choices=("torch", "triton"),
+        group="talker",
+    ),
+    Setting(
         "native_batch_buckets",
         "",
         "native engine: decode batch sizes with a captured graph, e.g. 1,8,32,64 ('' = the engine's default)",

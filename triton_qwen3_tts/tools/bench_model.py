@@ -144,6 +144,7 @@ def native_knobs(args) -> dict:
         compile=args.compile,
         batched_prefill=not args.no_batched_prefill,
         prefill_max_tokens=args.prefill_max_tokens,
+        cp_kernels=args.cp_kernels,
     )
     if args.no_prefill_graphs:
         kw["prefill_graphs"] = False
@@ -396,7 +397,56 @@ def profile_step(args) -> dict:
             f"{r['sampling']:>9.3f} {s:>10.3f} {r['audio_s_per_s']:>10.1f} {r['full'] / 80.0:>7.3f}"
         )
     prefill_rows = profile_prefill(args, m, cfg) if args.profile_prefill else []
-    return {"profile_step": rows, "profile_prefill": prefill_rows, "knobs": native_knobs(args)}
+    out = {"profile_step": rows, "profile_prefill": prefill_rows, "knobs": native_knobs(args)}
+    if args.cp_parity:
+        out["cp_parity"] = cp_parity(m, cfg, args.cp_parity)
+    return out
+
+
+def cp_parity(m, cfg, frames: int, batch: int = 0) -> dict:
+    """The code predictor's two implementations (``cp_kernels`` torch and triton) on the same
+    weights and the same random (h, c0) rows, ``frames`` frames in batches of the model's slot
+    count: the share of identical residual codes, greedy and sampled (the same counter-based
+    noise). Eager calls (no graphs); the compiled blocks where ``cfg.compile``."""
+    from dataclasses import replace
+
+    import torch
+
+    from triton_qwen3_tts.engines.native.model import NativeModel
+
+    other = "torch" if cfg.cp_kernels == "triton" else "triton"
+    small = replace(cfg, cp_kernels=other, max_model_len=8, max_trailing_tokens=1)  # no big KV cache
+    models = {cfg.cp_kernels: m, other: NativeModel(m.talker, small, 0)}
+    B = batch or m.S
+    g = torch.Generator(device="cpu").manual_seed(3)
+    res = {}
+    for greedy in (True, False):
+        same = total = 0
+        for it in range((frames + B - 1) // B):
+            h = (torch.randn(B, m.D, generator=g) * 0.5).to(m.device, m.dtype)
+            c0 = torch.randint(0, m.cb, (B,), generator=g).to(m.device)
+            codes = {}
+            for k, mm in models.items():
+                mm.h[:B].copy_(h)
+                mm.c0[:B].copy_(c0)
+                mm.frame_idx[:B].fill_(it)
+                mm.key[:B].copy_(torch.arange(B, device=m.device) * 7919 + it)
+                mm.sub_greedy[:B].fill_(greedy)
+                mm.sub_temp[:B].fill_(0.9)
+                mm.sub_top_k[:B].fill_(50)
+                mm.sub_top_p[:B].fill_(1.0)
+                with torch.inference_mode():
+                    mm.part_code_predictor(B, top_p=False)
+                codes[k] = mm.frames[:B, 1:].clone()
+            same += int((codes["torch"] == codes["triton"]).sum())
+            total += codes["torch"].numel()
+        res["greedy" if greedy else "sampled"] = {"codes": total, "identical_share": same / total}
+    print(
+        f"code predictor triton vs torch ({m.dtype}, {frames} frames x {m.R} residual codes): identical "
+        f"greedy {res['greedy']['identical_share']:.4f}, sampled {res['sampled']['identical_share']:.4f}",
+        flush=True,
+    )
+    return res
 
 
 def profile_prefill(args, m, cfg) -> list:
@@ -484,7 +534,7 @@ def check(args) -> dict:
             for p, t, mf in prompts
         ]
 
-    async def run(graphs: bool, fast, compiled=False):
+    async def run(graphs: bool, fast, compiled=False, cp_kernels="torch"):
         cfg = NativeEngineConfig(
             max_num_seqs=4,
             max_model_len=128,
@@ -496,6 +546,7 @@ def check(args) -> dict:
             max_trailing_tokens=16,
             fast_math=fast,
             compile=compiled,
+            cp_kernels=cp_kernels,
         )
         eng = await NativeEngine.create(None, cfg, talker=talker)
         try:
@@ -517,14 +568,16 @@ def check(args) -> dict:
             eng.shutdown()
 
     report = {}
-    variants = [("eager", False, None, False), ("graphs", True, None, False)]
+    variants = [("eager", False, None, False, "torch"), ("graphs", True, None, False, "torch")]
     if args.device.startswith("cuda"):
-        variants.append(("graphs-exactmath", True, False, False))
+        variants.append(("graphs-exactmath", True, False, False, "torch"))
         if args.compile:  # reported, not required to equal eager (inductor reorders arithmetic)
-            variants.append(("graphs-compiled", True, None, True))
+            variants.append(("graphs-compiled", True, None, True, "torch"))
+        if args.cp_kernels == "triton":  # reported: the kernels round once per stored tensor
+            variants.append(("graphs-cp-triton", True, None, False, "triton"))
     outs = {}
-    for name, graphs, fast, compiled in variants:
-        res, hist = asyncio.run(run(graphs, fast, compiled))
+    for name, graphs, fast, compiled, cpk in variants:
+        res, hist = asyncio.run(run(graphs, fast, compiled, cpk))
         outs[name] = res
         same_ref = [bool(r.shape == w.shape and np.array_equal(r, w)) for r, w in zip(res, refs)]
         frac = [
@@ -597,6 +650,19 @@ def parse_args(argv=None):
     ap.add_argument("--exact-math", action="store_true", help="native: fast_math=False (reference op order)")
     ap.add_argument("--no-batched-prefill", action="store_true", help="native: prefill one request at a time")
     ap.add_argument("--no-prefill-graphs", action="store_true", help="native: eager prefill")
+    ap.add_argument(
+        "--cp-kernels",
+        choices=("torch", "triton"),
+        default="torch",
+        help="native: the code predictor's decode as torch blocks or fused Triton kernels (CUDA)",
+    )
+    ap.add_argument(
+        "--cp-parity",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="--profile-step: also compare the code predictor's torch and triton codes over FRAMES frames",
+    )
     ap.add_argument(
         "--batch-buckets",
         type=int,

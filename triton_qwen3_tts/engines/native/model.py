@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 
+from triton_qwen3_tts.engines.base import EngineError
+from triton_qwen3_tts.engines.native import cp_kernels as cpk
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig
 from triton_qwen3_tts.engines.native.layers import (
     _NEG_INF,
@@ -164,6 +166,11 @@ class NativeModel:
         self.cp_norm_w = talker.code_predictor.model.norm.weight
         self.cp_norm_eps = float(talker.code_predictor.model.norm.eps)
         self.fused = cfg.fuse_weights
+        self.cp_triton = cfg.cp_kernels == "triton"
+        if self.cp_triton:
+            why = cpk.unavailable_reason(torch.device(dev))
+            if why:
+                raise EngineError(f"NativeEngineConfig.cp_kernels='triton': {why}; use cp_kernels='torch'")
         if self.fast:  # the 15 residual tables stacked; the modules keep views of it (no copy)
             tables = talker.code_predictor.model.codec_embedding
             with torch.no_grad():
@@ -321,6 +328,8 @@ class NativeModel:
     def part_code_predictor(self, B: int, top_p: bool = True) -> None:
         """(h, c0) -> residual codes; writes ``frames[:B]``. ``top_p=False``: every sampled row
         has ``sub_top_p == 1`` (chosen on the host, as for :meth:`part_sample`)."""
+        if self.cp_triton:
+            return self._code_predictor_triton(B, top_p)
         tk = self.talker
         cp = tk.code_predictor
         m = cp.model
@@ -353,6 +362,56 @@ class NativeModel:
             logits = cp.lm_head[j - 1](hid).float()
             c = self.sample_residual(B, logits, noise[:, j - 1], top_p)
             codes.append(c)
+        self.frames[sl].copy_(torch.stack(codes, dim=1))
+
+    def _code_predictor_triton(self, B: int, top_p: bool) -> None:
+        """:meth:`part_code_predictor` on the Triton kernels of :mod:`.cp_kernels`: five kernels
+        per layer, one for the norm + head and one for the next input per residual step."""
+        tk = self.talker
+        cp = tk.code_predictor
+        m = cp.model
+        sl = slice(0, B)
+        h, c0 = self.h[sl], self.c0[sl]
+        counters = self.frame_idx[sl, None] * CP_POSITIONS + self.res_draws[None]
+        noise = self._noise(self.key[sl], counters, self.colsR)  # [B, 15, KR]
+        x = cp.small_to_mtp_projection(torch.stack([h, tk.model.codec_embedding(c0)], dim=1))
+        x = x.reshape(B * 2, -1)
+        proj = cp.small_to_mtp_projection
+        proj_w = getattr(proj, "weight", None)
+        proj_b = getattr(proj, "bias", None)
+        codes = [c0]
+        for j in range(1, self.R + 1):
+            p0, t = (0, 2) if j == 1 else (j, 1)
+            for i, ly in enumerate(self.cp_layers):
+                qkv = cpk.linear(x, ly.wqkv, rms_weight=ly.ln1, eps=ly.eps)
+                o = cpk.cp_attention(
+                    qkv,
+                    ly.qk_w,
+                    self.cp_cos,
+                    self.cp_sin,
+                    self.cp_k[i],
+                    self.cp_v[i],
+                    p0,
+                    t,
+                    ly.heads,
+                    ly.kv_heads,
+                    ly.eps,
+                )
+                x = cpk.linear(o, ly.wo, residual=x)
+                a = cpk.linear(x, ly.wgu, rms_weight=ly.ln2, eps=ly.eps, swiglu=True)
+                x = cpk.linear(a, ly.wdown, residual=x)
+            last = x.view(B, t, -1)[:, -1]
+            logits = cpk.linear(
+                last, cp.lm_head[j - 1].weight, rms_weight=self.cp_norm_w, eps=self.cp_norm_eps, out_dtype=torch.float32
+            )
+            c = self.sample_residual(B, logits, noise[:, j - 1], top_p)
+            codes.append(c)
+            if j < self.R:
+                table = m.codec_embedding[j - 1].weight
+                if proj_w is None:  # identity projection (equal widths): a plain gather
+                    x = table.index_select(0, c)
+                else:
+                    x = cpk.linear(table, proj_w, rows=c, bias=proj_b)
         self.frames[sl].copy_(torch.stack(codes, dim=1))
 
     def _embed_frame(self, frames: torch.Tensor) -> torch.Tensor:

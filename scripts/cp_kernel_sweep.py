@@ -1,0 +1,120 @@
+"""Tile sweep of the code predictor's fused linear kernel (engines/native/cp_kernels.py) on a GPU.
+
+For each GEMM of a 1.7B code-predictor layer (q/k/v with the norm, o-proj + residual, gate/up
+with the norm and SwiGLU, down + residual, lm_head) and each row count, times the kernel under
+several tile configurations against the torch ops it replaces (CUDA-graph replays, median of
+many), and prints the fastest configuration next to :func:`tiles`' choice. Tuning aid: the
+kernels' tile choice lives in ``cp_kernels.tiles``.
+
+    python scripts/cp_kernel_sweep.py --rows 1 64 --json sweep.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from triton_qwen3_tts.engines.native import cp_kernels as cpk
+
+SHAPES = {  # name: (N, K, kind)
+    "qkv": (4096, 1024, "rms"),
+    "o_proj": (1024, 2048, "res"),
+    "gate_up": (3072, 1024, "swiglu"),
+    "down": (1024, 3072, "res"),
+    "lm_head": (2048, 1024, "head"),
+}
+
+
+def _time(fn, iters: int) -> float:
+    """Median ms of a CUDA graph of 10 calls, replayed ``iters`` times (per call)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(10):
+            fn()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) / 10)
+    return statistics.median(ts)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 64])
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dev, dt = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    results = []
+    for (name, (N, K, kind)), M in itertools.product(SHAPES.items(), args.rows):
+        Nw = 2 * N if kind == "swiglu" else N
+        w = torch.randn(Nw, K, device=dev, dtype=dt) * 0.02
+        x = torch.randn(M, K, device=dev, dtype=dt)
+        ln = torch.ones(K, device=dev, dtype=dt)
+        res = torch.randn(M, N, device=dev, dtype=dt)
+        kw = {
+            "rms": dict(rms_weight=ln),
+            "res": dict(residual=res),
+            "swiglu": dict(rms_weight=ln, swiglu=True),
+            "head": dict(rms_weight=ln, out_dtype=torch.float32),
+        }[kind]
+
+        def torch_ref():
+            h = F.rms_norm(x, (K,), ln, 1e-6) if kind in ("rms", "swiglu", "head") else x
+            y = F.linear(h, w)
+            if kind == "swiglu":
+                gg, u = y.split(N, dim=-1)
+                return F.silu(gg) * u
+            if kind == "res":
+                return res + y
+            return y.float() if kind == "head" else y
+
+        row = {"gemm": name, "M": M, "N": N, "K": K, "torch_ms": _time(torch_ref, args.iters)}
+        default = cpk.tiles(M, N, K)
+        best = None
+        for BN, BK, warps, stages in (
+            (bn, bk, w, st) for bn in (16, 32, 64) for bk in (128, 256) for w, st in ((4, 3), (4, 4), (8, 4))
+        ):
+            cfg = (min(64, max(16, 1 << (M - 1).bit_length())), BN, BK, warps, stages)
+            try:
+                ms = _time(lambda: cpk.linear(x, w, config=cfg, **kw), args.iters)
+            except Exception as e:  # noqa: BLE001 - a config the compiler refuses (shared memory)
+                ms = float("inf")
+                print(f"  {name} M={M} {cfg}: {type(e).__name__}")
+            if cfg == default:
+                row["default_ms"] = ms
+            if best is None or ms < best[0]:
+                best = (ms, cfg)
+        row["default"] = default
+        row["best_ms"], row["best"] = best
+        ideal = (Nw * K * 2) / 3.35e12 * 1e3
+        print(
+            f"{name:8s} M={M:4d}  torch {row['torch_ms'] * 1e3:7.1f} us  tiles() {row.get('default_ms', float('nan')) * 1e3:7.1f} us "
+            f"{default}  best {best[0] * 1e3:7.1f} us {best[1]}  (weights at 3.35 TB/s: {ideal * 1e3:5.1f} us)",
+            flush=True,
+        )
+        results.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

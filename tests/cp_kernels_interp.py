@@ -1,0 +1,177 @@
+"""The code predictor's Triton kernels against the torch path, in Triton's interpreter on the CPU.
+
+Run by tests/test_cp_kernels.py in a subprocess: ``TRITON_INTERPRET`` must be set before
+``triton`` is imported, which the pytest process may already have done (vLLM imports it).
+Prints one JSON object of measured differences; the test holds the bounds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from triton_qwen3_tts.engines.native import cp_kernels as cpk  # noqa: E402
+from triton_qwen3_tts.engines.native.config import NativeEngineConfig  # noqa: E402
+from triton_qwen3_tts.engines.native.layers import CP_POSITIONS, _pre_attn, _attn_math  # noqa: E402
+from triton_qwen3_tts.engines.native.model import NativeModel  # noqa: E402
+from triton_qwen3_tts.model import presets  # noqa: E402
+from triton_qwen3_tts.model.config import Qwen3TTSConfig  # noqa: E402
+from triton_qwen3_tts.model.talker import Talker  # noqa: E402
+
+
+def _maxdiff(a, b) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def check_linear(out: dict) -> None:
+    g = torch.Generator().manual_seed(0)
+    for dt in (torch.float32, torch.bfloat16):
+        name = str(dt).split(".")[-1]
+        M, K, N = 5, 192, 40  # K not a multiple of 128, N not of the tile: the masks
+        x = torch.randn(M, K, generator=g).to(dt)
+        w = (torch.randn(2 * N, K, generator=g) * 0.1).to(dt)
+        ln = (torch.rand(K, generator=g) + 0.5).to(dt)
+        res = torch.randn(M, N, generator=g).to(dt)
+        bias = torch.randn(N, generator=g).to(dt)
+        hn = F.rms_norm(x.float(), (K,), ln.float(), 1e-6)
+        gate, up = (hn @ w.float().T).split(N, dim=-1)
+        y = cpk.linear(x, w, rms_weight=ln, eps=1e-6, swiglu=True, residual=res)
+        out[f"linear_rms_swiglu_res_{name}"] = _maxdiff(y, F.silu(gate) * up + res.float())
+        y = cpk.linear(x, w[:N], rms_weight=ln, eps=1e-6, out_dtype=torch.float32)
+        out[f"linear_rms_f32out_{name}"] = _maxdiff(y, hn @ w[:N].float().T)
+        table = torch.randn(11, K, generator=g).to(dt)
+        rows = torch.tensor([3, 0, 10, 3, 7])
+        y = cpk.linear(table, w[:N], rows=rows, bias=bias)
+        out[f"linear_gather_bias_{name}"] = _maxdiff(y, table[rows].float() @ w[:N].float().T + bias.float())
+        xs = torch.randn(M, 2, K, generator=g).to(dt)[:, 1]  # strided rows
+        y = cpk.linear(xs, w[:N])
+        out[f"linear_strided_{name}"] = _maxdiff(y, xs.float() @ w[:N].float().T)
+
+
+def check_attention(out: dict) -> None:
+    """cp_attention against the torch path's blocks (_pre_attn's norms/RoPE, the reference
+    attention) for the first step (2 rows at 0, 1) and a later one (1 row at 5), fp32."""
+    g = torch.Generator().manual_seed(1)
+    B, H, KV, hd, eps = 3, 4, 2, 32, 1e-6
+    P = CP_POSITIONS
+    qkv = torch.randn(B * 2, (H + 2 * KV) * hd, generator=g)
+    qk_w = torch.rand(H + KV, hd, generator=g) + 0.5
+    pos = torch.arange(P, dtype=torch.float32)[:, None]
+    inv = 1.0 / (10000 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    ang = torch.cat([pos * inv, pos * inv], dim=-1)
+    cos, sin = ang.cos(), ang.sin().clone()
+    sin[:, : hd // 2].neg_()
+    kc = torch.randn(B + 1, KV, P, hd, generator=g)  # one spare slot: B' > B
+    vc = torch.randn(B + 1, KV, P, hd, generator=g)
+    worst = 0.0
+    for p0, T in ((0, 2), (5, 1)):
+        x = qkv[: B * T]
+        kc_ref, vc_ref = kc.clone(), vc.clone()
+        # the torch path: split q/k/v of the fused projection's output, norm + RoPE as _pre_attn
+        q_, k_, v_ = (
+            x.view(B, T, -1)[..., : H * hd],
+            x.view(B, T, -1)[..., H * hd : (H + KV) * hd],
+            x.view(B, T, -1)[..., (H + KV) * hd :],
+        )
+        qk = torch.cat((q_, k_), -1).reshape(B, T, H + KV, hd)
+        qk = F.rms_norm(qk, (hd,), None, eps) * qk_w
+        c, s = cos[None, p0 : p0 + T, None], sin[None, p0 : p0 + T, None]
+        qk = qk * c + torch.roll(qk, hd // 2, dims=-1) * s
+        q, k = qk[:, :, :H].transpose(1, 2), qk[:, :, H:].transpose(1, 2)
+        v = v_.reshape(B, T, KV, hd).transpose(1, 2)
+        kc_ref[:B, :, p0 : p0 + T] = k
+        vc_ref[:B, :, p0 : p0 + T] = v
+        allowed = torch.arange(p0 + T)[None, :] <= (p0 + torch.arange(T))[:, None]
+        o_ref = _attn_math(q, kc_ref[:B, :, : p0 + T], vc_ref[:B, :, : p0 + T], allowed, H, KV, hd)
+        o_ref = o_ref.transpose(1, 2).reshape(B * T, H * hd)
+        o = cpk.cp_attention(x, qk_w, cos, sin, kc, vc, p0, T, H, KV, eps)
+        worst = max(worst, _maxdiff(o, o_ref), _maxdiff(kc, kc_ref), _maxdiff(vc, vc_ref))
+    out["attention_f32"] = worst
+    assert _pre_attn  # the same arithmetic as the engine's block (imported to keep them together)
+
+
+def _talker(name: str, talker_hidden: int, std: float) -> Talker:
+    d = presets.main_config(name)
+    if talker_hidden:  # a wider talker than predictor: small_to_mtp_projection is a Linear
+        d["talker_config"]["hidden_size"] = talker_hidden
+        d["talker_config"]["text_hidden_size"] = talker_hidden
+    cfg = Qwen3TTSConfig.from_dict(d)
+    torch.manual_seed(0)
+    t = Talker(cfg.talker)
+    with torch.no_grad():
+        for pname, prm in t.named_parameters():
+            if pname.endswith("norm.weight"):
+                prm.uniform_(0.5, 1.5)
+            elif pname.endswith(".bias"):
+                prm.normal_(0.0, std)
+            else:
+                prm.normal_(0.0, std)
+    return t.eval()
+
+
+def check_code_predictor(out: dict) -> None:
+    """part_code_predictor with cp_kernels triton against torch from the same state: frames
+    (greedy and sampled) and the code predictor's KV cache, fp32, both projections."""
+    for label, hidden in (("identity", 0), ("projection", 128)):
+        talker = _talker("tiny", hidden, 0.2)
+        base = dict(max_num_seqs=6, max_model_len=32, device="cpu", dtype="float32", cuda_graphs=False)
+        models = {k: NativeModel(talker, NativeEngineConfig(cp_kernels=k, **base), 0) for k in ("torch", "triton")}
+        g = torch.Generator().manual_seed(2)
+        h = torch.randn(7, models["torch"].D, generator=g)
+        c0 = torch.randint(0, 64, (7,), generator=g)
+        for greedy in (True, False):
+            frames, caches = {}, {}
+            for k, m in models.items():
+                m.reset_all()
+                m.h.copy_(h)
+                m.c0.copy_(c0)
+                m.frame_idx.fill_(3)
+                m.key.copy_(torch.arange(7) * 7919 + 1)
+                m.sub_greedy.fill_(greedy)
+                m.sub_temp.fill_(0.9)
+                m.sub_top_k.fill_(20)
+                m.sub_top_p.fill_(0.8)
+                m.cp_k.normal_(generator=g)
+                m.cp_v.normal_(generator=g)
+                with torch.inference_mode():
+                    m.part_code_predictor(5, top_p=True)
+                frames[k] = m.frames[:5].clone()
+                out[f"cp_{label}_distinct_codes"] = int(m.frames[:5, 1:].unique().numel())
+                caches[k] = (m.cp_k[:, :5].clone(), m.cp_v[:, :5].clone())
+            mode = "greedy" if greedy else "sampled"
+            out[f"cp_{label}_{mode}_codes_equal"] = float((frames["torch"] == frames["triton"]).float().mean())
+            out[f"cp_{label}_{mode}_kv_maxdiff"] = max(
+                _maxdiff(a, b) for a, b in zip(caches["torch"], caches["triton"])
+            )
+
+
+def check_bench_parity(out: dict) -> None:
+    """benchmark_model.py --cp-parity's comparison on the tiny model (fp32: all codes equal)."""
+    from triton_qwen3_tts.tools.bench_model import cp_parity
+
+    talker = _talker("tiny", 128, 0.2)
+    cfg = NativeEngineConfig(max_num_seqs=4, max_model_len=16, device="cpu", dtype="float32", cp_kernels="triton")
+    res = cp_parity(NativeModel(talker, cfg, 0), cfg, frames=4)
+    out["bench_parity_greedy"] = res["greedy"]["identical_share"]
+    out["bench_parity_sampled"] = res["sampled"]["identical_share"]
+    out["bench_parity_codes"] = res["greedy"]["codes"]
+
+
+def main() -> int:
+    out: dict = {}
+    check_linear(out)
+    check_attention(out)
+    check_code_predictor(out)
+    check_bench_parity(out)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The code predictor's Triton kernels (engines/native/cp_kernels.py).
+
+The kernels need a GPU; on the CPU they run in Triton's interpreter, in a subprocess
+(tests/cp_kernels_interp.py) because ``TRITON_INTERPRET`` must be set before ``triton`` is
+imported. fp32 must agree with the torch path to rounding and give the same codes; bf16 is
+bounded loosely (the kernels round once per stored tensor, the torch path after each op). The
+tile choice, the switch and its refusals are checked here directly."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from triton_qwen3_tts.engines.base import EngineError
+from triton_qwen3_tts.engines.native import cp_kernels as cpk
+from triton_qwen3_tts.engines.native.config import NativeEngineConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_triton = pytest.mark.skipif(cpk.triton is None, reason="the 'triton' package is not installed")
+
+
+@pytest.fixture(scope="module")
+def interp():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "cp_kernels_interp.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@needs_triton
+def test_linear_variants_match_torch(interp):
+    for k in ("linear_rms_swiglu_res", "linear_rms_f32out", "linear_gather_bias", "linear_strided"):
+        assert interp[f"{k}_float32"] < 1e-4, (k, interp[f"{k}_float32"])
+        assert interp[f"{k}_bfloat16"] < 0.1, (k, interp[f"{k}_bfloat16"])
+
+
+@needs_triton
+def test_attention_matches_torch_blocks(interp):
+    # first step (two rows at 0, 1) and a later one: outputs and the KV-cache writes
+    assert interp["attention_f32"] < 1e-4
+
+
+@needs_triton
+@pytest.mark.parametrize("proj", ["identity", "projection"])
+def test_code_predictor_same_codes_as_torch_path(interp, proj):
+    assert interp[f"cp_{proj}_distinct_codes"] > 10  # the codes vary: the comparison can fail
+    for mode in ("greedy", "sampled"):
+        assert interp[f"cp_{proj}_{mode}_codes_equal"] == 1.0
+        assert interp[f"cp_{proj}_{mode}_kv_maxdiff"] < 1e-4
+
+
+@needs_triton
+def test_benchmark_parity_counts_codes(interp):
+    assert interp["bench_parity_codes"] == 4 * 15
+    assert interp["bench_parity_greedy"] == 1.0 and interp["bench_parity_sampled"] == 1.0
+
+
+def test_tiles_cover_rows_and_split_outputs():
+    for M in (1, 8, 16, 17, 64, 128):
+        BM, BN, BK, warps, stages = cpk.tiles(M, 4096, 1024)
+        assert BM >= 16 and (BM & (BM - 1)) == 0 and (BM >= M or BM == 64)
+        assert 1024 % BK == 0
+    assert cpk.tiles(1, 1024, 3072)[1] == 16  # narrow outputs: small tiles, more programs
+    assert cpk.tiles(1, 3072, 100)[2] == 64  # K not a multiple of 128
+
+
+def test_switch_validated():
+    with pytest.raises(EngineError, match="cp_kernels.*'torch', 'triton'|cp_kernels.*torch, triton"):
+        NativeEngineConfig(device="cpu", cp_kernels="cuda")
+    assert NativeEngineConfig(device="cpu").cp_kernels == "torch"
+
+
+@pytest.mark.skipif(cpk._INTERPRET, reason="this process runs Triton's interpreter")
+def test_triton_refused_on_cpu_without_interpreter(tiny_checkpoint):
+    from triton_qwen3_tts.engines.native.engine import NativeEngine
+
+    why = cpk.unavailable_reason(torch.device("cpu"))
+    assert why and ("CUDA" in why or "not installed" in why)
+    cfg = NativeEngineConfig(device="cpu", dtype="float32", cuda_graphs=False, max_num_seqs=2, cp_kernels="triton")
+    eng = NativeEngine(str(tiny_checkpoint), cfg)
+    with pytest.raises(EngineError, match="cp_kernels='triton'.*use cp_kernels='torch'"):
+        eng._load()

@@ -1,0 +1,356 @@
+"""Triton kernels of the code predictor's decode (``NativeEngineConfig.cp_kernels = "triton"``).
+
+The code predictor runs 15 sequential forwards of a 5-layer, 1024-wide transformer per frame. In
+the torch path (``cp_kernels = "torch"``) each layer is about a dozen kernels (norms, GEMMs, QK
+norm, RoPE, two KV writes, SDPA, residual adds, SwiGLU), so a frame is well over a thousand short
+kernels whatever the batch. Here each layer is five:
+
+1. :func:`linear` with an RMSNorm prologue: ``input_layernorm`` + the fused q/k/v GEMM;
+2. :func:`cp_attention`: q/k RMSNorm, RoPE, the KV-cache write and attention over the (at most
+   16) cached positions, one program per (row, kv head);
+3. :func:`linear` with a residual epilogue: ``o_proj`` + residual;
+4. :func:`linear` with an RMSNorm prologue and a SwiGLU epilogue: ``post_attention_layernorm`` +
+   gate/up GEMM + ``silu(gate) * up``;
+5. :func:`linear` with a residual epilogue: ``down_proj`` + residual;
+
+and each residual step adds the final norm + ``lm_head`` (one :func:`linear`, fp32 logits) and the
+next input (one :func:`linear` gathering the embedding rows of the sampled codes, with the
+projection's bias; a plain gather where the projection is the identity).
+
+Arithmetic: fp32 accumulation and fp32 norms/activations, rounded once to the model dtype where
+a tensor is stored; the torch path rounds after each op, so bf16 codes can differ where two
+candidates are near-tied (the share of identical codes is measured by ``benchmark_model.py
+--cp-parity``). fp32 models use IEEE fp32 dots (no TF32).
+
+On the CPU the kernels run only in Triton's interpreter (``TRITON_INTERPRET=1``, set before
+``triton`` is imported), which is how the tests check them against the torch path; the
+interpreter's ``tl.dot`` mishandles bf16 operands, so there the operands are widened to fp32 first
+(``_UPCAST``); on a GPU the dot takes the model dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+try:  # GPU builds of torch ship triton; CPU test environments get it with vLLM (xgrammar)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised where triton is absent
+    triton = None
+    tl = None
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def unavailable_reason(device: torch.device) -> Optional[str]:
+    """Why the kernels cannot run on ``device`` (None when they can)."""
+    if triton is None:
+        return "the 'triton' package is not installed"
+    if device.type == "cuda":
+        return None
+    if _INTERPRET:
+        return None
+    return f"device {device} needs a CUDA GPU (or TRITON_INTERPRET=1 set before triton is imported, for tests)"
+
+
+if triton is not None:
+
+    @triton.jit
+    def _linear_kernel(
+        x_ptr,
+        idx_ptr,
+        ln_ptr,
+        w_ptr,
+        bias_ptr,
+        res_ptr,
+        out_ptr,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_rm,
+        stride_om,
+        eps,
+        GATHER: tl.constexpr,
+        RMS: tl.constexpr,
+        SWIGLU: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        UPCAST: tl.constexpr,
+        IEEE: tl.constexpr,
+        BM: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+    ):
+        """out[m, n] = epi(sum_k pro(x)[m, k] * w[n, k]); one program per (BN outputs, BM rows)."""
+        pid_n = tl.program_id(0)
+        pid_m = tl.program_id(1)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        m_ok = rm < M
+        n_ok = rn < N
+        if GATHER:
+            rows = tl.load(idx_ptr + rm, mask=m_ok, other=0).to(tl.int64)
+        else:
+            rows = rm.to(tl.int64)
+        x_rows = x_ptr + rows[:, None] * stride_xm
+        if RMS:
+            ss = tl.zeros((BM,), tl.float32)
+            for k0 in range(0, K, BK):
+                rk = k0 + tl.arange(0, BK)
+                a = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & (rk[None, :] < K), other=0.0).to(tl.float32)
+                ss += tl.sum(a * a, axis=1)
+            inv = 1.0 / tl.sqrt(ss / K + eps)
+        acc = tl.zeros((BM, BN), tl.float32)
+        acc2 = tl.zeros((BM, BN), tl.float32)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < K
+            a = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if RMS:
+                lw = tl.load(ln_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
+                a = (a.to(tl.float32) * inv[:, None] * lw[None, :]).to(w_ptr.dtype.element_ty)
+            b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            if UPCAST:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            if IEEE:
+                acc += tl.dot(a, b, input_precision="ieee")
+            else:
+                acc += tl.dot(a, b)
+            if SWIGLU:  # the up rows follow the N gate rows
+                b2 = tl.load(w_ptr + (rn[None, :] + N) * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                if UPCAST:
+                    b2 = b2.to(tl.float32)
+                if IEEE:
+                    acc2 += tl.dot(a, b2, input_precision="ieee")
+                else:
+                    acc2 += tl.dot(a, b2)
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc2
+        mask = m_ok[:, None] & n_ok[None, :]
+        if HAS_RES:
+            r = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0)
+            acc += r.to(tl.float32)
+        tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _cp_attn_kernel(
+        qkv_ptr,
+        qkw_ptr,
+        cos_ptr,
+        sin_ptr,
+        kc_ptr,
+        vc_ptr,
+        o_ptr,
+        p0,
+        stride_qkv,
+        stride_o,
+        stride_cb,
+        stride_ch,
+        stride_cp,
+        eps,
+        scale,
+        T: tl.constexpr,
+        H: tl.constexpr,
+        KVH: tl.constexpr,
+        HD: tl.constexpr,
+        P: tl.constexpr,
+    ):
+        """One (batch row b, kv head g): the T new rows' k/v normed, roped and written to the
+        cache at positions p0..p0+T-1, then the REP query heads of g over keys 0..p0+t."""
+        REP: tl.constexpr = H // KVH
+        QR: tl.constexpr = T * REP
+        HALF: tl.constexpr = HD // 2
+        b = tl.program_id(0).to(tl.int64)
+        g = tl.program_id(1)
+        d = tl.arange(0, HD)
+        d_rot = (d + HALF) % HD  # torch.roll by HD/2 (sign folded into sin)
+        kw = tl.load(qkw_ptr + (H + g) * HD + d).to(tl.float32)
+        kw_rot = tl.load(qkw_ptr + (H + g) * HD + d_rot).to(tl.float32)
+        kc = kc_ptr + b * stride_cb + g * stride_ch
+        vc = vc_ptr + b * stride_cb + g * stride_ch
+        for t in tl.static_range(T):
+            row = qkv_ptr + (b * T + t) * stride_qkv
+            k = tl.load(row + (H + g) * HD + d).to(tl.float32)
+            k_rot = tl.load(row + (H + g) * HD + d_rot).to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
+            c = tl.load(cos_ptr + (p0 + t) * HD + d).to(tl.float32)
+            s = tl.load(sin_ptr + (p0 + t) * HD + d).to(tl.float32)
+            k = (k * inv * kw) * c + (k_rot * inv * kw_rot) * s
+            tl.store(kc + (p0 + t) * stride_cp + d, k.to(kc_ptr.dtype.element_ty))
+            v = tl.load(row + (H + KVH + g) * HD + d)
+            tl.store(vc + (p0 + t) * stride_cp + d, v)
+        tl.debug_barrier()  # the rows just written are read back below by other threads
+        # queries: QR rows (t major, then the REP heads of g)
+        qr = tl.arange(0, QR)
+        qt = qr // REP
+        qh = g * REP + qr % REP
+        q_rows = qkv_ptr + (b * T + qt)[:, None] * stride_qkv + (qh * HD)[:, None]
+        q = tl.load(q_rows + d[None, :]).to(tl.float32)
+        q_rot = tl.load(q_rows + d_rot[None, :]).to(tl.float32)
+        qw = tl.load(qkw_ptr + (qh * HD)[:, None] + d[None, :]).to(tl.float32)
+        qw_rot = tl.load(qkw_ptr + (qh * HD)[:, None] + d_rot[None, :]).to(tl.float32)
+        qinv = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
+        qc = tl.load(cos_ptr + (p0 + qt)[:, None] * HD + d[None, :]).to(tl.float32)
+        qs = tl.load(sin_ptr + (p0 + qt)[:, None] * HD + d[None, :]).to(tl.float32)
+        q = (q * qinv[:, None] * qw) * qc + (q_rot * qinv[:, None] * qw_rot) * qs
+        q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)  # the model dtype's rounding of q
+        pp = tl.arange(0, P)
+        p_ok = pp < p0 + T
+        kk = tl.load(kc + pp[:, None] * stride_cp + d[None, :], mask=p_ok[:, None], other=0.0).to(tl.float32)
+        vv = tl.load(vc + pp[:, None] * stride_cp + d[None, :], mask=p_ok[:, None], other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * kk[None, :, :], axis=2) * scale  # [QR, P]
+        allowed = pp[None, :] <= (p0 + qt)[:, None]
+        scores = tl.where(allowed, scores, float("-inf"))
+        mx = tl.max(scores, axis=1)
+        e = tl.exp(scores - mx[:, None])
+        e = tl.where(allowed, e, 0.0)
+        probs = e / tl.sum(e, axis=1)[:, None]
+        out = tl.sum(probs[:, :, None] * vv[None, :, :], axis=1)  # [QR, HD]
+        o_rows = o_ptr + (b * T + qt)[:, None] * stride_o + (qh * HD)[:, None]
+        tl.store(o_rows + d[None, :], out.to(o_ptr.dtype.element_ty))
+
+
+def _pow2_at_least(n: int, lo: int) -> int:
+    p = lo
+    while p < n:
+        p *= 2
+    return p
+
+
+def tiles(M: int, N: int, K: int) -> tuple:
+    """(BM, BN, BK, num_warps, num_stages) of :func:`linear` for an ``M x N x K`` problem.
+
+    The decode GEMMs are skinny (M = batch rows, 1-128) and memory-bound: the weight is streamed
+    once per row tile, so rows go in one tile up to 64, and N is split finely enough that the
+    grid covers the GPU's SMs (16-wide tiles for N <= 1024: 64 programs at N = 1024)."""
+    BM = min(64, _pow2_at_least(M, 16))
+    BN = 16 if N <= 1024 else 32
+    BK = 128 if K % 128 == 0 else 64
+    return BM, BN, BK, 4, 4
+
+
+def linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    out: Optional[torch.Tensor] = None,
+    rms_weight: Optional[torch.Tensor] = None,
+    eps: float = 1e-6,
+    swiglu: bool = False,
+    bias: Optional[torch.Tensor] = None,
+    residual: Optional[torch.Tensor] = None,
+    rows: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+    config: Optional[tuple] = None,
+) -> torch.Tensor:
+    """``x [M, K]`` (rows strided, elements contiguous) times ``w [N_w, K]`` (contiguous).
+
+    * ``rms_weight``: RMSNorm of each x row (over K) with this weight first (Qwen3 ``RMSNorm``);
+    * ``rows [M]``: gather: row ``m`` of the input is ``x[rows[m]]`` (an embedding lookup);
+    * ``swiglu``: ``w`` is gate rows then up rows (``N_w = 2N``); the output is ``silu(gate) * up``;
+    * ``bias [N]``, ``residual [M, N]`` (added last).
+
+    Returns ``out [M, N]`` (allocated when not given; ``out_dtype`` defaults to w's dtype).
+    ``config``: (BM, BN, BK, num_warps, num_stages) instead of :func:`tiles`' (for tuning)."""
+    assert x.stride(-1) == 1 and w.is_contiguous() and x.shape[-1] == w.shape[1]
+    K = w.shape[1]
+    M = rows.shape[0] if rows is not None else x.shape[0]
+    N = w.shape[0] // 2 if swiglu else w.shape[0]
+    if out is None:
+        out = torch.empty(M, N, device=x.device, dtype=out_dtype or w.dtype)
+    assert out.shape == (M, N) and out.stride(-1) == 1
+    if residual is not None:
+        assert residual.shape == (M, N) and residual.stride(-1) == 1
+    BM, BN, BK, warps, stages = config or tiles(M, N, K)
+    grid = (triton.cdiv(N, BN), triton.cdiv(M, BM))
+    dummy = w
+    _linear_kernel[grid](
+        x,
+        rows if rows is not None else dummy,
+        rms_weight if rms_weight is not None else dummy,
+        w,
+        bias if bias is not None else dummy,
+        residual if residual is not None else dummy,
+        out,
+        M,
+        N,
+        K,
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0),
+        float(eps),
+        GATHER=rows is not None,
+        RMS=rms_weight is not None,
+        SWIGLU=swiglu,
+        HAS_BIAS=bias is not None,
+        HAS_RES=residual is not None,
+        UPCAST=_INTERPRET,
+        IEEE=w.dtype == torch.float32,
+        BM=BM,
+        BN=BN,
+        BK=BK,
+        num_warps=warps,
+        num_stages=stages,
+    )
+    return out
+
+
+def cp_attention(
+    qkv: torch.Tensor,
+    qk_w: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    p0: int,
+    T: int,
+    heads: int,
+    kv_heads: int,
+    eps: float,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """Attention of one code-predictor layer for ``B`` rows of ``T`` new positions ``p0..p0+T-1``.
+
+    ``qkv [B*T, (H + 2 KV) * hd]`` (the fused projection, rows b-major); ``qk_w [H + KV, hd]``
+    (q_norm per q head, then k_norm per kv head); ``cos``/``sin [P, hd]`` (sign-folded sin);
+    ``k_cache``/``v_cache [B', KV, P, hd]`` (this layer's slots, B' >= B, hd contiguous): the new
+    rows are written at ``p0..p0+T-1``. Returns ``o [B*T, H * hd]`` (causal over ``0..p0+t``)."""
+    BT = qkv.shape[0]
+    B = BT // T
+    P, hd = cos.shape
+    assert BT == B * T and heads % kv_heads == 0 and p0 + T <= P
+    assert qkv.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    assert (hd & (hd - 1)) == 0 and ((heads // kv_heads) & (heads // kv_heads - 1)) == 0
+    if out is None:
+        out = torch.empty(BT, heads * hd, device=qkv.device, dtype=qkv.dtype)
+    _cp_attn_kernel[(B, kv_heads)](
+        qkv,
+        qk_w,
+        cos,
+        sin,
+        k_cache,
+        v_cache,
+        out,
+        int(p0),
+        qkv.stride(0),
+        out.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        float(eps),
+        float(hd) ** -0.5,
+        T=T,
+        H=heads,
+        KVH=kv_heads,
+        HD=hd,
+        P=P,
+        num_warps=4,
+    )
+    return out
