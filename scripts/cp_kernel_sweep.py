@@ -69,10 +69,10 @@ def main() -> int:
         ln = torch.ones(K, device=dev, dtype=dt)
         res = torch.randn(M, N, device=dev, dtype=dt)
         kw = {
-            "rms": dict(rms_weight=ln),
+            "rms": dict(rms=True),
             "res": dict(residual=res),
-            "swiglu": dict(rms_weight=ln, swiglu=True),
-            "head": dict(rms_weight=ln, out_dtype=torch.float32),
+            "swiglu": dict(rms=True, swiglu=True),
+            "head": dict(rms=True, out_dtype=torch.float32),
         }[kind]
 
         def torch_ref():
@@ -89,7 +89,7 @@ def main() -> int:
         default = cpk.tiles(M, N, K)
         best = None
         for BN, BK, warps, stages in (
-            (bn, bk, w, st) for bn in (16, 32, 64) for bk in (128, 256) for w, st in ((4, 3), (4, 4), (8, 4))
+            (bn, bk, w, st) for bn in (16, 32, 64) for bk in (128, 256) for w, st in ((4, 3), (4, 4))
         ):
             cfg = (min(64, max(16, 1 << (M - 1).bit_length())), BN, BK, warps, stages)
             try:

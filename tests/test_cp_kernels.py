@@ -71,8 +71,11 @@ def test_tiles_cover_rows_and_split_outputs():
         BM, BN, BK, warps, stages = cpk.tiles(M, 4096, 1024)
         assert BM >= 16 and (BM & (BM - 1)) == 0 and (BM >= M or BM == 64)
         assert 1024 % BK == 0
-    assert cpk.tiles(1, 1024, 3072)[1] == 16  # narrow outputs: small tiles, more programs
+    assert cpk.tiles(64, 1024, 3072)[1] == 16  # narrow outputs, 64 rows: small tiles, more programs
+    assert cpk.tiles(1, 1024, 3072)[2] == 256  # one row tile: deep K tiles
     assert cpk.tiles(1, 3072, 100)[2] == 64  # K not a multiple of 128
+    for M in (1, 64):  # the H100 sweep's OutOfResources configurations are never chosen
+        assert cpk.tiles(M, 1024, 2048)[1:3] != (64, 256)
 
 
 def test_switch_validated():

@@ -5,11 +5,13 @@ the torch path (``cp_kernels = "torch"``) each layer is about a dozen kernels (n
 norm, RoPE, two KV writes, SDPA, residual adds, SwiGLU), so a frame is well over a thousand short
 kernels whatever the batch. Here each layer is five:
 
-1. :func:`linear` with an RMSNorm prologue: ``input_layernorm`` + the fused q/k/v GEMM;
+1. :func:`linear` with the RMSNorm folded in: ``input_layernorm`` + the fused q/k/v GEMM (the
+   norm weight multiplied into the GEMM weight once at load, :func:`fold_norm`; the kernel
+   scales each output row by the row's ``1 / rms``);
 2. :func:`cp_attention`: q/k RMSNorm, RoPE, the KV-cache write and attention over the (at most
    16) cached positions, one program per (row, kv head);
 3. :func:`linear` with a residual epilogue: ``o_proj`` + residual;
-4. :func:`linear` with an RMSNorm prologue and a SwiGLU epilogue: ``post_attention_layernorm`` +
+4. :func:`linear` with the RMSNorm folded in and a SwiGLU epilogue: ``post_attention_layernorm`` +
    gate/up GEMM + ``silu(gate) * up``;
 5. :func:`linear` with a residual epilogue: ``down_proj`` + residual;
 
@@ -18,7 +20,7 @@ next input (one :func:`linear` gathering the embedding rows of the sampled codes
 projection's bias; a plain gather where the projection is the identity).
 
 Arithmetic: fp32 accumulation and fp32 norms/activations, rounded once to the model dtype where
-a tensor is stored; the torch path rounds after each op, so bf16 codes can differ where two
+a tensor is stored (the folded weights are rounded once more at load); the torch path rounds after each op, so bf16 codes can differ where two
 candidates are near-tied (the share of identical codes is measured by ``benchmark_model.py
 --cp-parity``). fp32 models use IEEE fp32 dots (no TF32).
 
@@ -62,7 +64,6 @@ if triton is not None:
     def _linear_kernel(
         x_ptr,
         idx_ptr,
-        ln_ptr,
         w_ptr,
         bias_ptr,
         res_ptr,
@@ -85,7 +86,11 @@ if triton is not None:
         BN: tl.constexpr,
         BK: tl.constexpr,
     ):
-        """out[m, n] = epi(sum_k pro(x)[m, k] * w[n, k]); one program per (BN outputs, BM rows)."""
+        """out[m, n] = epi(sum_k x[m, k] * w[n, k]); one program per (BN outputs, BM rows).
+
+        RMS: ``w`` holds the norm weight folded in (``w[n, k] * ln[k]``), so the norm is a row
+        scale ``1 / rms(x[m])`` of the accumulator, its sum of squares gathered from the same
+        x tiles the dot reads (no second pass, nothing between the load and the dot)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         rm = pid_m * BM + tl.arange(0, BM)
@@ -97,13 +102,7 @@ if triton is not None:
         else:
             rows = rm.to(tl.int64)
         x_rows = x_ptr + rows[:, None] * stride_xm
-        if RMS:
-            ss = tl.zeros((BM,), tl.float32)
-            for k0 in range(0, K, BK):
-                rk = k0 + tl.arange(0, BK)
-                a = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & (rk[None, :] < K), other=0.0).to(tl.float32)
-                ss += tl.sum(a * a, axis=1)
-            inv = 1.0 / tl.sqrt(ss / K + eps)
+        ss = tl.zeros((BM,), tl.float32)
         acc = tl.zeros((BM, BN), tl.float32)
         acc2 = tl.zeros((BM, BN), tl.float32)
         for k0 in range(0, K, BK):
@@ -111,8 +110,8 @@ if triton is not None:
             k_ok = rk < K
             a = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
             if RMS:
-                lw = tl.load(ln_ptr + rk, mask=k_ok, other=0.0).to(tl.float32)
-                a = (a.to(tl.float32) * inv[:, None] * lw[None, :]).to(w_ptr.dtype.element_ty)
+                af = a.to(tl.float32)
+                ss += tl.sum(af * af, axis=1)
             b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
             if UPCAST:
                 a = a.to(tl.float32)
@@ -129,6 +128,11 @@ if triton is not None:
                     acc2 += tl.dot(a, b2, input_precision="ieee")
                 else:
                     acc2 += tl.dot(a, b2)
+        if RMS:
+            inv = 1.0 / tl.sqrt(ss / K + eps)
+            acc = acc * inv[:, None]
+            if SWIGLU:
+                acc2 = acc2 * inv[:, None]
         if HAS_BIAS:
             acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
         if SWIGLU:
@@ -224,16 +228,26 @@ def _pow2_at_least(n: int, lo: int) -> int:
     return p
 
 
+def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """``w [N, K]`` with an RMSNorm weight ``[K]`` folded in (``w * norm_weight``, computed in
+    fp32, stored in w's dtype): the weight :func:`linear` takes with ``rms=True``."""
+    return (w.float() * norm_weight.float()[None, :]).to(w.dtype).contiguous()
+
+
 def tiles(M: int, N: int, K: int) -> tuple:
     """(BM, BN, BK, num_warps, num_stages) of :func:`linear` for an ``M x N x K`` problem.
 
     The decode GEMMs are skinny (M = batch rows, 1-128) and memory-bound: the weight is streamed
-    once per row tile, so rows go in one tile up to 64, and N is split finely enough that the
-    grid covers the GPU's SMs (16-wide tiles for N <= 1024: 64 programs at N = 1024)."""
+    once per row tile, so rows go in one tile up to 64. From the H100 sweep of
+    scripts/cp_kernel_sweep.py (docs/benchmark-history.md, run 28): one row tile of 16 takes
+    32-wide N tiles, 256-deep K tiles and 3 stages; 64-row tiles take 16-wide N tiles for
+    N <= 1024 (o_proj, down: 64 programs), 64-wide at N >= 4096, and 4 stages."""
     BM = min(64, _pow2_at_least(M, 16))
-    BN = 16 if N <= 1024 else 32
-    BK = 128 if K % 128 == 0 else 64
-    return BM, BN, BK, 4, 4
+    BK = 256 if K % 256 == 0 else (128 if K % 128 == 0 else 64)
+    if BM <= 16:
+        return BM, 32, BK, 4, 3
+    BN = 16 if N <= 1024 else (64 if N >= 4096 else 32)
+    return BM, BN, 128 if N <= 1024 and K % 128 == 0 else BK, 4, 4
 
 
 def linear(
@@ -241,7 +255,7 @@ def linear(
     w: torch.Tensor,
     *,
     out: Optional[torch.Tensor] = None,
-    rms_weight: Optional[torch.Tensor] = None,
+    rms: bool = False,
     eps: float = 1e-6,
     swiglu: bool = False,
     bias: Optional[torch.Tensor] = None,
@@ -252,7 +266,8 @@ def linear(
 ) -> torch.Tensor:
     """``x [M, K]`` (rows strided, elements contiguous) times ``w [N_w, K]`` (contiguous).
 
-    * ``rms_weight``: RMSNorm of each x row (over K) with this weight first (Qwen3 ``RMSNorm``);
+    * ``rms``: RMSNorm of each x row (over K) first (Qwen3 ``RMSNorm``), its weight already
+      folded into ``w`` (:func:`fold_norm`);
     * ``rows [M]``: gather: row ``m`` of the input is ``x[rows[m]]`` (an embedding lookup);
     * ``swiglu``: ``w`` is gate rows then up rows (``N_w = 2N``); the output is ``silu(gate) * up``;
     * ``bias [N]``, ``residual [M, N]`` (added last).
@@ -274,7 +289,6 @@ def linear(
     _linear_kernel[grid](
         x,
         rows if rows is not None else dummy,
-        rms_weight if rms_weight is not None else dummy,
         w,
         bias if bias is not None else dummy,
         residual if residual is not None else dummy,
@@ -287,7 +301,7 @@ def linear(
         out.stride(0),
         float(eps),
         GATHER=rows is not None,
-        RMS=rms_weight is not None,
+        RMS=rms,
         SWIGLU=swiglu,
         HAS_BIAS=bias is not None,
         HAS_RES=residual is not None,

@@ -171,6 +171,13 @@ class NativeModel:
             why = cpk.unavailable_reason(torch.device(dev))
             if why:
                 raise EngineError(f"NativeEngineConfig.cp_kernels='triton': {why}; use cp_kernels='torch'")
+            # the norm weights folded into the GEMMs that follow them (cp_kernels.fold_norm):
+            # per layer (q/k/v, gate/up), and per residual head (the final norm); ~150 MB at 1.7B
+            with torch.no_grad():
+                self.cp_folded = [
+                    (cpk.fold_norm(ly.wqkv, ly.ln1), cpk.fold_norm(ly.wgu, ly.ln2)) for ly in self.cp_layers
+                ]
+                self.cp_heads = [cpk.fold_norm(h.weight, self.cp_norm_w) for h in talker.code_predictor.lm_head]
         if self.fast:  # the 15 residual tables stacked; the modules keep views of it (no copy)
             tables = talker.code_predictor.model.codec_embedding
             with torch.no_grad():
@@ -383,7 +390,8 @@ class NativeModel:
         for j in range(1, self.R + 1):
             p0, t = (0, 2) if j == 1 else (j, 1)
             for i, ly in enumerate(self.cp_layers):
-                qkv = cpk.linear(x, ly.wqkv, rms_weight=ly.ln1, eps=ly.eps)
+                wqkv, wgu = self.cp_folded[i]
+                qkv = cpk.linear(x, wqkv, rms=True, eps=ly.eps)
                 o = cpk.cp_attention(
                     qkv,
                     ly.qk_w,
@@ -398,12 +406,10 @@ class NativeModel:
                     ly.eps,
                 )
                 x = cpk.linear(o, ly.wo, residual=x)
-                a = cpk.linear(x, ly.wgu, rms_weight=ly.ln2, eps=ly.eps, swiglu=True)
+                a = cpk.linear(x, wgu, rms=True, eps=ly.eps, swiglu=True)
                 x = cpk.linear(a, ly.wdown, residual=x)
             last = x.view(B, t, -1)[:, -1]
-            logits = cpk.linear(
-                last, cp.lm_head[j - 1].weight, rms_weight=self.cp_norm_w, eps=self.cp_norm_eps, out_dtype=torch.float32
-            )
+            logits = cpk.linear(last, self.cp_heads[j - 1], rms=True, eps=self.cp_norm_eps, out_dtype=torch.float32)
             c = self.sample_residual(B, logits, noise[:, j - 1], top_p)
             codes.append(c)
             if j < self.R:
