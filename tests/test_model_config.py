@@ -80,14 +80,14 @@ def test_talker_native_knobs():
             TalkerModelConfig.from_parameters({"checkpoint": "ck", "native_batch_buckets": bad})
 
 
-def test_talker_cp_kernels_choice():
+def test_talker_kernels_choice():
     from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
 
     base = {"checkpoint": "ck", "engine": "native"}
-    assert TalkerModelConfig.from_parameters(base).native_cp_kernels == "torch"
-    cfg = TalkerModelConfig.from_parameters({**base, "native_cp_kernels": "triton", "device": "cuda"})
-    assert cfg.native_cp_kernels == "triton"
-    with pytest.raises(ModelConfigError, match="native_cp_kernels.*torch, triton.*'cuda'"):
-        TalkerModelConfig.from_parameters({**base, "native_cp_kernels": "cuda"})
-    with pytest.raises(ModelConfigError, match="native_cp_kernels' triton needs engine native on a gpu"):
-        TalkerModelConfig.from_parameters({**base, "native_cp_kernels": "triton", "device": "cpu"})
+    assert TalkerModelConfig.from_parameters(base).native_kernels == "torch"
+    cfg = TalkerModelConfig.from_parameters({**base, "native_kernels": "triton", "device": "cuda"})
+    assert cfg.native_kernels == "triton"
+    with pytest.raises(ModelConfigError, match="native_kernels.*torch, triton.*'cuda'"):
+        TalkerModelConfig.from_parameters({**base, "native_kernels": "cuda"})
+    with pytest.raises(ModelConfigError, match="native_kernels' triton needs engine native on a gpu"):
+        TalkerModelConfig.from_parameters({**base, "native_kernels": "triton", "device": "cpu"})

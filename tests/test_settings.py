@@ -31,7 +31,7 @@ MODEL_FIELDS = {
         "enforce_eager": "enforce_eager",
         "native_compile": "native_compile",
         "native_batch_buckets": "native_batch_buckets",
-        "native_cp_kernels": "native_cp_kernels",
+        "native_kernels": "native_kernels",
     },
     CodecModelConfig: {
         "runtime": "codec_runtime",

@@ -130,7 +130,7 @@ class TalkerModelConfig:
     # CUDA-graph capture (GPU), and the decode batch buckets ("" = the engine's default)
     native_compile: bool = default("native_compile")
     native_batch_buckets: str = default("native_batch_buckets")
-    native_cp_kernels: str = default("native_cp_kernels")
+    native_kernels: str = default("native_kernels")
     # pipeline fused (serving/talker/fused.py): the codec runs in this model, scheduled by
     # playback deadline with these chunk sizes; codec_max_batch is its largest batch
     pipeline: str = default("pipeline")
@@ -166,9 +166,9 @@ class TalkerModelConfig:
         if self.codec_max_batch < 1 or self.codec_state_slots < 1:
             raise ModelConfigError("parameters 'codec_max_batch' and 'codec_state_slots' must be >= 1")
         self.batch_buckets()  # validates native_batch_buckets
-        _choice("native_cp_kernels", self.native_cp_kernels, choices("native_cp_kernels"))
-        if self.native_cp_kernels == "triton" and (self.engine != "native" or self.device == "cpu"):
-            raise ModelConfigError("parameter 'native_cp_kernels' triton needs engine native on a gpu")
+        _choice("native_kernels", self.native_kernels, choices("native_kernels"))
+        if self.native_kernels == "triton" and (self.engine != "native" or self.device == "cpu"):
+            raise ModelConfigError("parameter 'native_kernels' triton needs engine native on a gpu")
         if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", self.device):  # cuda:i: one engine of several (gpus)
             raise ModelConfigError(f"parameter 'device' must be one of cuda, cuda:<index>, cpu; got {self.device!r}")
         _choice("dtype", self.dtype, choices("talker_dtype")[1:])

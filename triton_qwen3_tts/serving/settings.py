@@ -183,10 +183,10 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
-        "native_cp_kernels",
+        "native_kernels",
         "torch",
-        "native engine: the code predictor's decode as torch blocks, or as fused Triton kernels "
-        "(five per layer; gpu only)",
+        "native engine: the decode step's layers (talker and code predictor) as torch blocks, or as "
+        "fused Triton kernels (gpu only)",
         choices=("torch", "triton"),
         group="talker",
     ),

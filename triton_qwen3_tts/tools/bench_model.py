@@ -144,7 +144,7 @@ def native_knobs(args) -> dict:
         compile=args.compile,
         batched_prefill=not args.no_batched_prefill,
         prefill_max_tokens=args.prefill_max_tokens,
-        cp_kernels=args.cp_kernels,
+        kernels=args.kernels,
     )
     if args.no_prefill_graphs:
         kw["prefill_graphs"] = False
@@ -404,7 +404,7 @@ def profile_step(args) -> dict:
 
 
 def cp_parity(m, cfg, frames: int, batch: int = 0) -> dict:
-    """The code predictor's two implementations (``cp_kernels`` torch and triton) on the same
+    """The code predictor's two implementations (``kernels`` torch and triton) on the same
     weights and the same random (h, c0) rows, ``frames`` frames in batches of the model's slot
     count: the share of identical residual codes, greedy and sampled (the same counter-based
     noise). Eager calls (no graphs); the compiled blocks where ``cfg.compile``."""
@@ -414,9 +414,9 @@ def cp_parity(m, cfg, frames: int, batch: int = 0) -> dict:
 
     from triton_qwen3_tts.engines.native.model import NativeModel
 
-    other = "torch" if cfg.cp_kernels == "triton" else "triton"
-    small = replace(cfg, cp_kernels=other, max_model_len=8, max_trailing_tokens=1)  # no big KV cache
-    models = {cfg.cp_kernels: m, other: NativeModel(m.talker, small, 0)}
+    other = "torch" if cfg.kernels == "triton" else "triton"
+    small = replace(cfg, kernels=other, max_model_len=8, max_trailing_tokens=1)  # no big KV cache
+    models = {cfg.kernels: m, other: NativeModel(m.talker, small, 0)}
     B = batch or m.S
     g = torch.Generator(device="cpu").manual_seed(3)
     res = {}
@@ -534,7 +534,7 @@ def check(args) -> dict:
             for p, t, mf in prompts
         ]
 
-    async def run(graphs: bool, fast, compiled=False, cp_kernels="torch"):
+    async def run(graphs: bool, fast, compiled=False, kernels="torch"):
         cfg = NativeEngineConfig(
             max_num_seqs=4,
             max_model_len=128,
@@ -546,7 +546,7 @@ def check(args) -> dict:
             max_trailing_tokens=16,
             fast_math=fast,
             compile=compiled,
-            cp_kernels=cp_kernels,
+            kernels=kernels,
         )
         eng = await NativeEngine.create(None, cfg, talker=talker)
         try:
@@ -573,11 +573,11 @@ def check(args) -> dict:
         variants.append(("graphs-exactmath", True, False, False, "torch"))
         if args.compile:  # reported, not required to equal eager (inductor reorders arithmetic)
             variants.append(("graphs-compiled", True, None, True, "torch"))
-        if args.cp_kernels == "triton":  # reported: the kernels round once per stored tensor
+        if args.kernels == "triton":  # reported: the kernels round once per stored tensor
             variants.append(("graphs-cp-triton", True, None, False, "triton"))
     outs = {}
-    for name, graphs, fast, compiled, cpk in variants:
-        res, hist = asyncio.run(run(graphs, fast, compiled, cpk))
+    for name, graphs, fast, compiled, kern in variants:
+        res, hist = asyncio.run(run(graphs, fast, compiled, kern))
         outs[name] = res
         same_ref = [bool(r.shape == w.shape and np.array_equal(r, w)) for r, w in zip(res, refs)]
         frac = [
@@ -651,7 +651,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-batched-prefill", action="store_true", help="native: prefill one request at a time")
     ap.add_argument("--no-prefill-graphs", action="store_true", help="native: eager prefill")
     ap.add_argument(
-        "--cp-kernels",
+        "--kernels",
         choices=("torch", "triton"),
         default="torch",
         help="native: the code predictor's decode as torch blocks or fused Triton kernels (CUDA)",

@@ -10,7 +10,7 @@ import torch
 from triton_qwen3_tts.engines.base import EngineError
 
 
-CP_KERNELS = ("torch", "triton")
+KERNELS = ("torch", "triton")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -46,9 +46,10 @@ class NativeEngineConfig:
       ``torch.compile(dynamic=False, fullgraph=True)`` (``compile_backend``, default inductor);
       they are compiled during the graph warm-up, before capture. KV writes and SDPA stay eager;
       prefill stays uncompiled. Meant for CUDA (inductor on CPU needs a C++ compiler).
-    * ``cp_kernels``: ``"torch"`` (the code predictor's decode as the blocks above) or
-      ``"triton"`` (:mod:`triton_qwen3_tts.engines.native.cp_kernels`: five fused Triton kernels
-      per layer, its own rounding; CUDA, or Triton's interpreter for tests).
+    * ``kernels``: ``"torch"`` (the decode step's layers as the blocks above) or ``"triton"``
+      (:mod:`triton_qwen3_tts.engines.native.kernels`: the code predictor's layers as five
+      fused Triton kernels each, the talker's as five plus SDPA; its own rounding; CUDA, or
+      Triton's interpreter for tests). Prefill keeps the torch blocks.
     * ``batched_prefill``: the requests admitted in one scheduler round are prefilled together,
       right-padded to one length, in groups of at most ``prefill_max_tokens`` padded rows
       (False: one prefill per request, for A/B timing).
@@ -72,7 +73,7 @@ class NativeEngineConfig:
     skip_top_p: bool = True
     compile: bool = False
     compile_backend: str = "inductor"
-    cp_kernels: str = "torch"
+    kernels: str = "torch"
     batched_prefill: bool = True
     prefill_max_tokens: int = 4096
     prefill_graphs: Optional[bool] = None
@@ -106,8 +107,8 @@ class NativeEngineConfig:
                 bad(f, f"must be a non-empty sequence of positive ints, got {v!r}")
         if not isinstance(self.compile_backend, str) or not self.compile_backend:
             bad("compile_backend", f"must be a torch.compile backend name, got {self.compile_backend!r}")
-        if self.cp_kernels not in CP_KERNELS:
-            bad("cp_kernels", f"{self.cp_kernels!r}; allowed: {', '.join(CP_KERNELS)}")
+        if self.kernels not in KERNELS:
+            bad("kernels", f"{self.kernels!r}; allowed: {', '.join(KERNELS)}")
         if self.prefill_graphs is not None and not isinstance(self.prefill_graphs, bool):
             bad("prefill_graphs", f"must be a bool or None, got {self.prefill_graphs!r}")
         for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill"):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 
 from triton_qwen3_tts.engines.base import EngineError
-from triton_qwen3_tts.engines.native import cp_kernels as cpk
+from triton_qwen3_tts.engines.native import kernels as nk
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig
 from triton_qwen3_tts.engines.native.layers import (
     _NEG_INF,
@@ -166,18 +166,20 @@ class NativeModel:
         self.cp_norm_w = talker.code_predictor.model.norm.weight
         self.cp_norm_eps = float(talker.code_predictor.model.norm.eps)
         self.fused = cfg.fuse_weights
-        self.cp_triton = cfg.cp_kernels == "triton"
-        if self.cp_triton:
-            why = cpk.unavailable_reason(torch.device(dev))
+        self.triton_kernels = cfg.kernels == "triton"
+        if self.triton_kernels:
+            why = nk.unavailable_reason(torch.device(dev))
             if why:
-                raise EngineError(f"NativeEngineConfig.cp_kernels='triton': {why}; use cp_kernels='torch'")
-            # the norm weights folded into the GEMMs that follow them (cp_kernels.fold_norm):
+                raise EngineError(f"NativeEngineConfig.kernels='triton': {why}; use kernels='torch'")
+            # the norm weights folded into the GEMMs that follow them (kernels.fold_norm):
             # per layer (q/k/v, gate/up), and per residual head (the final norm); ~150 MB at 1.7B
             with torch.no_grad():
                 self.cp_folded = [
-                    (cpk.fold_norm(ly.wqkv, ly.ln1), cpk.fold_norm(ly.wgu, ly.ln2)) for ly in self.cp_layers
+                    (nk.fold_norm(ly.wqkv, ly.ln1), nk.fold_norm(ly.wgu, ly.ln2)) for ly in self.cp_layers
                 ]
-                self.cp_heads = [cpk.fold_norm(h.weight, self.cp_norm_w) for h in talker.code_predictor.lm_head]
+                self.cp_heads = [nk.fold_norm(h.weight, self.cp_norm_w) for h in talker.code_predictor.lm_head]
+                # the talker's layers likewise (a second copy of their q/k/v and gate/up weights)
+                self.tk_folded = [(nk.fold_norm(ly.wqkv, ly.ln1), nk.fold_norm(ly.wgu, ly.ln2)) for ly in self.layers]
         if self.fast:  # the 15 residual tables stacked; the modules keep views of it (no copy)
             tables = talker.code_predictor.model.codec_embedding
             with torch.no_grad():
@@ -335,7 +337,7 @@ class NativeModel:
     def part_code_predictor(self, B: int, top_p: bool = True) -> None:
         """(h, c0) -> residual codes; writes ``frames[:B]``. ``top_p=False``: every sampled row
         has ``sub_top_p == 1`` (chosen on the host, as for :meth:`part_sample`)."""
-        if self.cp_triton:
+        if self.triton_kernels:
             return self._code_predictor_triton(B, top_p)
         tk = self.talker
         cp = tk.code_predictor
@@ -372,7 +374,7 @@ class NativeModel:
         self.frames[sl].copy_(torch.stack(codes, dim=1))
 
     def _code_predictor_triton(self, B: int, top_p: bool) -> None:
-        """:meth:`part_code_predictor` on the Triton kernels of :mod:`.cp_kernels`: five kernels
+        """:meth:`part_code_predictor` on the Triton kernels of :mod:`.kernels`: five kernels
         per layer, one for the norm + head and one for the next input per residual step."""
         tk = self.talker
         cp = tk.code_predictor
@@ -391,8 +393,8 @@ class NativeModel:
             p0, t = (0, 2) if j == 1 else (j, 1)
             for i, ly in enumerate(self.cp_layers):
                 wqkv, wgu = self.cp_folded[i]
-                qkv = cpk.linear(x, wqkv, rms=True, eps=ly.eps)
-                o = cpk.cp_attention(
+                qkv = nk.linear(x, wqkv, rms=True, eps=ly.eps)
+                o = nk.cp_attention(
                     qkv,
                     ly.qk_w,
                     self.cp_cos,
@@ -405,11 +407,11 @@ class NativeModel:
                     ly.kv_heads,
                     ly.eps,
                 )
-                x = cpk.linear(o, ly.wo, residual=x)
-                a = cpk.linear(x, wgu, rms=True, eps=ly.eps, swiglu=True)
-                x = cpk.linear(a, ly.wdown, residual=x)
+                x = nk.linear(o, ly.wo, residual=x)
+                a = nk.linear(x, wgu, rms=True, eps=ly.eps, swiglu=True)
+                x = nk.linear(a, ly.wdown, residual=x)
             last = x.view(B, t, -1)[:, -1]
-            logits = cpk.linear(last, self.cp_heads[j - 1], rms=True, eps=self.cp_norm_eps, out_dtype=torch.float32)
+            logits = nk.linear(last, self.cp_heads[j - 1], rms=True, eps=self.cp_norm_eps, out_dtype=torch.float32)
             c = self.sample_residual(B, logits, noise[:, j - 1], top_p)
             codes.append(c)
             if j < self.R:
@@ -417,7 +419,7 @@ class NativeModel:
                 if proj_w is None:  # identity projection (equal widths): a plain gather
                     x = table.index_select(0, c)
                 else:
-                    x = cpk.linear(table, proj_w, rows=c, bias=proj_b)
+                    x = nk.linear(table, proj_w, rows=c, bias=proj_b)
         self.frames[sl].copy_(torch.stack(codes, dim=1))
 
     def _embed_frame(self, frames: torch.Tensor) -> torch.Tensor:
@@ -439,6 +441,8 @@ class NativeModel:
         T = self.trailing.shape[1]
         text = self.trailing[sl].gather(1, fi.clamp(max=T - 1)[:, None, None].expand(B, 1, self.D))[:, 0]
         text = torch.where((fi < ntr)[:, None], text, self.tts_pad[None])
+        if self.triton_kernels:
+            return self._talker_triton(B, C, self._embed_frame(self.frames[sl]) + text)
         x = (self._embed_frame(self.frames[sl]) + text)[:, None]  # [B, 1, D]
         cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [B, 1, 1, hd]
         allowed = (self.key_idx[None, :C] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, C]
@@ -456,6 +460,31 @@ class NativeModel:
         hn = _rms(x[:, 0], self.norm_w, self.norm_eps, self.fast)
         self.h_new[sl].copy_(hn)
         self.logits[sl].copy_(tk.codec_logits(hn).float())
+
+    def _talker_triton(self, B: int, C: int, x: torch.Tensor) -> None:
+        """:meth:`part_talker`'s layers on :mod:`.kernels` (``x [B, D]``, the step's input):
+        per layer the q/k/v GEMM with the norm folded in, one kernel for q/k norm + RoPE + the
+        KV write, SDPA over the context bucket (the heads of each kv group folded into the query
+        length, as the torch fast path), o-proj + residual, gate/up + SwiGLU, down + residual."""
+        sl = slice(0, B)
+        pos = self.pos[sl]
+        allowed = (self.key_idx[None, :C] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, C]
+        add_mask = torch.zeros(allowed.shape, device=self.device, dtype=self.dtype).masked_fill_(~allowed, _NEG_INF)
+        for i, ly in enumerate(self.layers):
+            wqkv, wgu = self.tk_folded[i]
+            qkv = nk.linear(x, wqkv, rms=True, eps=ly.eps)
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            q = nk.rope_kv_write(qkv, ly.qk_w, self.cos, self.sin, pos, kc, vc, ly.heads, ly.kv_heads, ly.eps)
+            rep = ly.heads // ly.kv_heads
+            o = F.scaled_dot_product_attention(
+                q.view(B, ly.kv_heads, rep, ly.head_dim), kc[sl, :, :C], vc[sl, :, :C], attn_mask=add_mask
+            )
+            x = nk.linear(o.reshape(B, -1), ly.wo, residual=x)
+            a = nk.linear(x, wgu, rms=True, eps=ly.eps, swiglu=True)
+            x = nk.linear(a, ly.wdown, residual=x)
+        hn = F.rms_norm(x, (self.D,), self.norm_w, self.norm_eps)
+        self.h_new[sl].copy_(hn)
+        nk.linear(hn, self.talker.codec_head.weight, out=self.logits[sl])
 
     def part_sample(self, B: int, top_p: bool = True) -> None:
         """Codebook-0 processing + sampling on ``logits``; advances every state row; ``out``.

@@ -48,7 +48,7 @@ async def make_engine(cfg: TalkerModelConfig):
             cuda_graphs=not cfg.enforce_eager,
             seed=cfg.seed,
             compile=cfg.native_compile and cfg.device.startswith("cuda"),
-            cp_kernels=cfg.native_cp_kernels,
+            kernels=cfg.native_kernels,
             **extra,
         ),
     )

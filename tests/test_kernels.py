@@ -1,7 +1,7 @@
-"""The code predictor's Triton kernels (engines/native/cp_kernels.py).
+"""The code predictor's Triton kernels (engines/native/kernels.py).
 
 The kernels need a GPU; on the CPU they run in Triton's interpreter, in a subprocess
-(tests/cp_kernels_interp.py) because ``TRITON_INTERPRET`` must be set before ``triton`` is
+(tests/kernels_interp.py) because ``TRITON_INTERPRET`` must be set before ``triton`` is
 imported. fp32 must agree with the torch path to rounding and give the same codes; bf16 is
 bounded loosely (the kernels round once per stored tensor, the torch path after each op). The
 tile choice, the switch and its refusals are checked here directly."""
@@ -16,18 +16,18 @@ import pytest
 import torch
 
 from triton_qwen3_tts.engines.base import EngineError
-from triton_qwen3_tts.engines.native import cp_kernels as cpk
+from triton_qwen3_tts.engines.native import kernels as nk
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-needs_triton = pytest.mark.skipif(cpk.triton is None, reason="the 'triton' package is not installed")
+needs_triton = pytest.mark.skipif(nk.triton is None, reason="the 'triton' package is not installed")
 
 
 @pytest.fixture(scope="module")
 def interp():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
     p = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "cp_kernels_interp.py")],
+        [sys.executable, str(ROOT / "tests" / "kernels_interp.py")],
         capture_output=True,
         text=True,
         env=env,
@@ -61,6 +61,14 @@ def test_code_predictor_same_codes_as_torch_path(interp, proj):
 
 
 @needs_triton
+def test_talker_layers_match_torch_path(interp):
+    assert interp["talker_logits_scale"] > 0.1  # the logits are not all zero
+    for n in ("hidden", "logits", "k_cache", "v_cache"):
+        assert interp[f"talker_{n}_maxdiff"] < 1e-4, (n, interp[f"talker_{n}_maxdiff"])
+    assert interp["talker_argmax_equal"] == 1.0
+
+
+@needs_triton
 def test_benchmark_parity_counts_codes(interp):
     assert interp["bench_parity_codes"] == 4 * 15
     assert interp["bench_parity_greedy"] == 1.0 and interp["bench_parity_sampled"] == 1.0
@@ -68,29 +76,29 @@ def test_benchmark_parity_counts_codes(interp):
 
 def test_tiles_cover_rows_and_split_outputs():
     for M in (1, 8, 16, 17, 64, 128):
-        BM, BN, BK, warps, stages = cpk.tiles(M, 4096, 1024)
+        BM, BN, BK, warps, stages = nk.tiles(M, 4096, 1024)
         assert BM >= 16 and (BM & (BM - 1)) == 0 and (BM >= M or BM == 64)
         assert 1024 % BK == 0
-    assert cpk.tiles(64, 1024, 3072)[1] == 16  # narrow outputs, 64 rows: small tiles, more programs
-    assert cpk.tiles(1, 1024, 3072)[2] == 256  # one row tile: deep K tiles
-    assert cpk.tiles(1, 3072, 100)[2] == 64  # K not a multiple of 128
+    assert nk.tiles(64, 1024, 3072)[1] == 16  # narrow outputs, 64 rows: small tiles, more programs
+    assert nk.tiles(1, 1024, 3072)[2] == 256  # one row tile: deep K tiles
+    assert nk.tiles(1, 3072, 100)[2] == 64  # K not a multiple of 128
     for M in (1, 64):  # the H100 sweep's OutOfResources configurations are never chosen
-        assert cpk.tiles(M, 1024, 2048)[1:3] != (64, 256)
+        assert nk.tiles(M, 1024, 2048)[1:3] != (64, 256)
 
 
 def test_switch_validated():
-    with pytest.raises(EngineError, match="cp_kernels.*'torch', 'triton'|cp_kernels.*torch, triton"):
-        NativeEngineConfig(device="cpu", cp_kernels="cuda")
-    assert NativeEngineConfig(device="cpu").cp_kernels == "torch"
+    with pytest.raises(EngineError, match="kernels.*'torch', 'triton'|kernels.*torch, triton"):
+        NativeEngineConfig(device="cpu", kernels="cuda")
+    assert NativeEngineConfig(device="cpu").kernels == "torch"
 
 
-@pytest.mark.skipif(cpk._INTERPRET, reason="this process runs Triton's interpreter")
+@pytest.mark.skipif(nk._INTERPRET, reason="this process runs Triton's interpreter")
 def test_triton_refused_on_cpu_without_interpreter(tiny_checkpoint):
     from triton_qwen3_tts.engines.native.engine import NativeEngine
 
-    why = cpk.unavailable_reason(torch.device("cpu"))
+    why = nk.unavailable_reason(torch.device("cpu"))
     assert why and ("CUDA" in why or "not installed" in why)
-    cfg = NativeEngineConfig(device="cpu", dtype="float32", cuda_graphs=False, max_num_seqs=2, cp_kernels="triton")
+    cfg = NativeEngineConfig(device="cpu", dtype="float32", cuda_graphs=False, max_num_seqs=2, kernels="triton")
     eng = NativeEngine(str(tiny_checkpoint), cfg)
-    with pytest.raises(EngineError, match="cp_kernels='triton'.*use cp_kernels='torch'"):
+    with pytest.raises(EngineError, match="kernels='triton'.*use kernels='torch'"):
         eng._load()

@@ -1,12 +1,12 @@
-"""Tile sweep of the code predictor's fused linear kernel (engines/native/cp_kernels.py) on a GPU.
+"""Tile sweep of the native engine's fused linear kernel (engines/native/kernels.py) on a GPU.
 
 For each GEMM of a 1.7B code-predictor layer (q/k/v with the norm, o-proj + residual, gate/up
-with the norm and SwiGLU, down + residual, lm_head) and each row count, times the kernel under
-several tile configurations against the torch ops it replaces (CUDA-graph replays, median of
-many), and prints the fastest configuration next to :func:`tiles`' choice. Tuning aid: the
-kernels' tile choice lives in ``cp_kernels.tiles``.
+with the norm and SwiGLU, down + residual, lm_head) and of a talker layer (``tk_*``), and each
+row count, times the kernel under several tile configurations against the torch ops it replaces
+(CUDA-graph replays, median of many), and prints the fastest configuration next to :func:`tiles`' choice. Tuning aid: the
+kernels' tile choice lives in ``kernels.tiles``.
 
-    python scripts/cp_kernel_sweep.py --rows 1 64 --json sweep.json
+    python scripts/kernel_sweep.py --rows 1 64 --json sweep.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from triton_qwen3_tts.engines.native import cp_kernels as cpk
+from triton_qwen3_tts.engines.native import kernels as nk
 
 SHAPES = {  # name: (N, K, kind)
     "qkv": (4096, 1024, "rms"),
@@ -27,6 +27,12 @@ SHAPES = {  # name: (N, K, kind)
     "gate_up": (3072, 1024, "swiglu"),
     "down": (1024, 3072, "res"),
     "lm_head": (2048, 1024, "head"),
+    # the talker's (1.7B: hidden 2048, 16/8 heads of 128, MLP 6144, 3072 codec-head rows)
+    "tk_qkv": (4096, 2048, "rms"),
+    "tk_o_proj": (2048, 2048, "res"),
+    "tk_gate_up": (6144, 2048, "swiglu"),
+    "tk_down": (2048, 6144, "res"),
+    "tk_head": (3072, 2048, "head"),
 }
 
 
@@ -57,12 +63,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--json")
     args = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
     results = []
-    for (name, (N, K, kind)), M in itertools.product(SHAPES.items(), args.rows):
+    for name, M in itertools.product(args.shapes, args.rows):
+        N, K, kind = SHAPES[name]
         Nw = 2 * N if kind == "swiglu" else N
         w = torch.randn(Nw, K, device=dev, dtype=dt) * 0.02
         x = torch.randn(M, K, device=dev, dtype=dt)
@@ -86,14 +94,14 @@ def main() -> int:
             return y.float() if kind == "head" else y
 
         row = {"gemm": name, "M": M, "N": N, "K": K, "torch_ms": _time(torch_ref, args.iters)}
-        default = cpk.tiles(M, N, K)
+        default = nk.tiles(M, N, K)
         best = None
         for BN, BK, warps, stages in (
             (bn, bk, w, st) for bn in (16, 32, 64) for bk in (128, 256) for w, st in ((4, 3), (4, 4))
         ):
             cfg = (min(64, max(16, 1 << (M - 1).bit_length())), BN, BK, warps, stages)
             try:
-                ms = _time(lambda: cpk.linear(x, w, config=cfg, **kw), args.iters)
+                ms = _time(lambda: nk.linear(x, w, config=cfg, **kw), args.iters)
             except Exception as e:  # noqa: BLE001 - a config the compiler refuses (shared memory)
                 ms = float("inf")
                 print(f"  {name} M={M} {cfg}: {type(e).__name__}")

@@ -1,6 +1,6 @@
 """The code predictor's Triton kernels against the torch path, in Triton's interpreter on the CPU.
 
-Run by tests/test_cp_kernels.py in a subprocess: ``TRITON_INTERPRET`` must be set before
+Run by tests/test_kernels.py in a subprocess: ``TRITON_INTERPRET`` must be set before
 ``triton`` is imported, which the pytest process may already have done (vLLM imports it).
 Prints one JSON object of measured differences; the test holds the bounds.
 """
@@ -16,7 +16,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from triton_qwen3_tts.engines.native import cp_kernels as cpk  # noqa: E402
+from triton_qwen3_tts.engines.native import kernels as nk  # noqa: E402
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig  # noqa: E402
 from triton_qwen3_tts.engines.native.layers import CP_POSITIONS, _pre_attn, _attn_math  # noqa: E402
 from triton_qwen3_tts.engines.native.model import NativeModel  # noqa: E402
@@ -41,16 +41,16 @@ def check_linear(out: dict) -> None:
         bias = torch.randn(N, generator=g).to(dt)
         hn = F.rms_norm(x.float(), (K,), ln.float(), 1e-6)
         gate, up = (hn @ w.float().T).split(N, dim=-1)
-        y = cpk.linear(x, cpk.fold_norm(w, ln), rms=True, eps=1e-6, swiglu=True, residual=res)
+        y = nk.linear(x, nk.fold_norm(w, ln), rms=True, eps=1e-6, swiglu=True, residual=res)
         out[f"linear_rms_swiglu_res_{name}"] = _maxdiff(y, F.silu(gate) * up + res.float())
-        y = cpk.linear(x, cpk.fold_norm(w[:N], ln), rms=True, eps=1e-6, out_dtype=torch.float32)
+        y = nk.linear(x, nk.fold_norm(w[:N], ln), rms=True, eps=1e-6, out_dtype=torch.float32)
         out[f"linear_rms_f32out_{name}"] = _maxdiff(y, hn @ w[:N].float().T)
         table = torch.randn(11, K, generator=g).to(dt)
         rows = torch.tensor([3, 0, 10, 3, 7])
-        y = cpk.linear(table, w[:N], rows=rows, bias=bias)
+        y = nk.linear(table, w[:N], rows=rows, bias=bias)
         out[f"linear_gather_bias_{name}"] = _maxdiff(y, table[rows].float() @ w[:N].float().T + bias.float())
         xs = torch.randn(M, 2, K, generator=g).to(dt)[:, 1]  # strided rows
-        y = cpk.linear(xs, w[:N])
+        y = nk.linear(xs, w[:N])
         out[f"linear_strided_{name}"] = _maxdiff(y, xs.float() @ w[:N].float().T)
 
 
@@ -90,7 +90,7 @@ def check_attention(out: dict) -> None:
         allowed = torch.arange(p0 + T)[None, :] <= (p0 + torch.arange(T))[:, None]
         o_ref = _attn_math(q, kc_ref[:B, :, : p0 + T], vc_ref[:B, :, : p0 + T], allowed, H, KV, hd)
         o_ref = o_ref.transpose(1, 2).reshape(B * T, H * hd)
-        o = cpk.cp_attention(x, qk_w, cos, sin, kc, vc, p0, T, H, KV, eps)
+        o = nk.cp_attention(x, qk_w, cos, sin, kc, vc, p0, T, H, KV, eps)
         worst = max(worst, _maxdiff(o, o_ref), _maxdiff(kc, kc_ref), _maxdiff(vc, vc_ref))
     out["attention_f32"] = worst
     assert _pre_attn  # the same arithmetic as the engine's block (imported to keep them together)
@@ -116,12 +116,12 @@ def _talker(name: str, talker_hidden: int, std: float) -> Talker:
 
 
 def check_code_predictor(out: dict) -> None:
-    """part_code_predictor with cp_kernels triton against torch from the same state: frames
+    """part_code_predictor with kernels triton against torch from the same state: frames
     (greedy and sampled) and the code predictor's KV cache, fp32, both projections."""
     for label, hidden in (("identity", 0), ("projection", 128)):
         talker = _talker("tiny", hidden, 0.2)
         base = dict(max_num_seqs=6, max_model_len=32, device="cpu", dtype="float32", cuda_graphs=False)
-        models = {k: NativeModel(talker, NativeEngineConfig(cp_kernels=k, **base), 0) for k in ("torch", "triton")}
+        models = {k: NativeModel(talker, NativeEngineConfig(kernels=k, **base), 0) for k in ("torch", "triton")}
         g = torch.Generator().manual_seed(2)
         h = torch.randn(7, models["torch"].D, generator=g)
         c0 = torch.randint(0, 64, (7,), generator=g)
@@ -151,12 +151,46 @@ def check_code_predictor(out: dict) -> None:
             )
 
 
+def check_talker(out: dict) -> None:
+    """part_talker with the Triton kernels against torch from the same state (rows at different
+    positions, some with trailing text): hidden, logits and the KV caches, fp32."""
+    talker = _talker("tiny", 0, 0.2)
+    base = dict(
+        max_num_seqs=4, max_model_len=32, device="cpu", dtype="float32", cuda_graphs=False, max_trailing_tokens=4
+    )
+    models = {k: NativeModel(talker, NativeEngineConfig(kernels=k, **base), 0) for k in ("torch", "triton")}
+    g = torch.Generator().manual_seed(4)
+    m0 = models["torch"]
+    frames = torch.randint(0, 64, (4, m0.G), generator=g)
+    pos = torch.tensor([3, 17, 9, 30])
+    k_init, v_init = torch.randn(m0.k_cache.shape, generator=g), torch.randn(m0.v_cache.shape, generator=g)
+    trailing = torch.randn(m0.trailing.shape, generator=g) * 0.1
+    res = {}
+    for k, m in models.items():
+        m.reset_all()
+        m.frames[:4].copy_(frames)
+        m.pos[:4].copy_(pos)
+        m.frame_idx[:4].copy_(torch.tensor([0, 2, 5, 1]))
+        m.n_trailing[:4].copy_(torch.tensor([4, 1, 0, 3]))
+        m.trailing.copy_(trailing)
+        m.k_cache.copy_(k_init)
+        m.v_cache.copy_(v_init)
+        with torch.inference_mode():
+            m.part_talker(4, 32)
+        res[k] = (m.h_new[:4].clone(), m.logits[:4].clone(), m.k_cache.clone(), m.v_cache.clone())
+    names = ("hidden", "logits", "k_cache", "v_cache")
+    for n, a, b in zip(names, res["torch"], res["triton"]):
+        out[f"talker_{n}_maxdiff"] = _maxdiff(a, b)
+    out["talker_logits_scale"] = float(res["torch"][1].abs().max())
+    out["talker_argmax_equal"] = float((res["torch"][1].argmax(-1) == res["triton"][1].argmax(-1)).float().mean())
+
+
 def check_bench_parity(out: dict) -> None:
     """benchmark_model.py --cp-parity's comparison on the tiny model (fp32: all codes equal)."""
     from triton_qwen3_tts.tools.bench_model import cp_parity
 
     talker = _talker("tiny", 128, 0.2)
-    cfg = NativeEngineConfig(max_num_seqs=4, max_model_len=16, device="cpu", dtype="float32", cp_kernels="triton")
+    cfg = NativeEngineConfig(max_num_seqs=4, max_model_len=16, device="cpu", dtype="float32", kernels="triton")
     res = cp_parity(NativeModel(talker, cfg, 0), cfg, frames=4)
     out["bench_parity_greedy"] = res["greedy"]["identical_share"]
     out["bench_parity_sampled"] = res["sampled"]["identical_share"]
@@ -168,6 +202,7 @@ def main() -> int:
     check_linear(out)
     check_attention(out)
     check_code_predictor(out)
+    check_talker(out)
     check_bench_parity(out)
     print(json.dumps(out))
     return 0

@@ -1,9 +1,9 @@
-"""Triton kernels of the code predictor's decode (``NativeEngineConfig.cp_kernels = "triton"``).
+"""Triton kernels of the native engine's decode step (``NativeEngineConfig.kernels = "triton"``).
 
 The code predictor runs 15 sequential forwards of a 5-layer, 1024-wide transformer per frame. In
-the torch path (``cp_kernels = "torch"``) each layer is about a dozen kernels (norms, GEMMs, QK
+the torch path (``kernels = "torch"``) each layer is about a dozen kernels (norms, GEMMs, QK
 norm, RoPE, two KV writes, SDPA, residual adds, SwiGLU), so a frame is well over a thousand short
-kernels whatever the batch. Here each layer is five:
+kernels whatever the batch. Here each code-predictor layer is five:
 
 1. :func:`linear` with the RMSNorm folded in: ``input_layernorm`` + the fused q/k/v GEMM (the
    norm weight multiplied into the GEMM weight once at load, :func:`fold_norm`; the kernel
@@ -19,9 +19,13 @@ and each residual step adds the final norm + ``lm_head`` (one :func:`linear`, fp
 next input (one :func:`linear` gathering the embedding rows of the sampled codes, with the
 projection's bias; a plain gather where the projection is the identity).
 
+The talker's layers (one position per row, each row at its own position, context up to the
+bucket) use the same :func:`linear` for their four GEMMs, :func:`rope_kv_write` for q/k norm,
+RoPE and the KV write, and PyTorch's SDPA for the attention over the long context.
+
 Arithmetic: fp32 accumulation and fp32 norms/activations, rounded once to the model dtype where
-a tensor is stored (the folded weights are rounded once more at load); the torch path rounds after each op, so bf16 codes can differ where two
-candidates are near-tied (the share of identical codes is measured by ``benchmark_model.py
+a tensor is stored (the folded weights are rounded once more at load); the torch path rounds
+after each op, so bf16 codes can differ where two candidates are near-tied (the share of identical codes is measured by ``benchmark_model.py
 --cp-parity``). fp32 models use IEEE fp32 dots (no TF32).
 
 On the CPU the kernels run only in Triton's interpreter (``TRITON_INTERPRET=1``, set before
@@ -220,6 +224,52 @@ if triton is not None:
         o_rows = o_ptr + (b * T + qt)[:, None] * stride_o + (qh * HD)[:, None]
         tl.store(o_rows + d[None, :], out.to(o_ptr.dtype.element_ty))
 
+    @triton.jit
+    def _rope_kv_kernel(
+        qkv_ptr,
+        qkw_ptr,
+        cos_ptr,
+        sin_ptr,
+        pos_ptr,
+        kc_ptr,
+        vc_ptr,
+        q_ptr,
+        stride_qkv,
+        stride_cb,
+        stride_ch,
+        stride_cp,
+        eps,
+        H: tl.constexpr,
+        KVH: tl.constexpr,
+        HD: tl.constexpr,
+    ):
+        """One (row b, head hh of the H query then KVH key heads): RMSNorm with its q/k norm
+        weight and RoPE at the row's position; queries go to ``q [B, H * hd]``, keys (and the
+        head's values) into the KV cache at that position."""
+        HALF: tl.constexpr = HD // 2
+        b = tl.program_id(0).to(tl.int64)
+        hh = tl.program_id(1)
+        d = tl.arange(0, HD)
+        d_rot = (d + HALF) % HD
+        p = tl.load(pos_ptr + b)
+        row = qkv_ptr + b * stride_qkv + hh * HD
+        x = tl.load(row + d).to(tl.float32)
+        xr = tl.load(row + d_rot).to(tl.float32)
+        w = tl.load(qkw_ptr + hh * HD + d).to(tl.float32)
+        wr = tl.load(qkw_ptr + hh * HD + d_rot).to(tl.float32)
+        inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / HD + eps)
+        c = tl.load(cos_ptr + p * HD + d).to(tl.float32)
+        s = tl.load(sin_ptr + p * HD + d).to(tl.float32)
+        y = (x * inv * w) * c + (xr * inv * wr) * s
+        if hh < H:
+            tl.store(q_ptr + b * (H * HD) + hh * HD + d, y.to(q_ptr.dtype.element_ty))
+        else:
+            g = hh - H
+            at = b * stride_cb + g * stride_ch + p * stride_cp + d
+            tl.store(kc_ptr + at, y.to(kc_ptr.dtype.element_ty))
+            v = tl.load(qkv_ptr + b * stride_qkv + (H + KVH + g) * HD + d)
+            tl.store(vc_ptr + at, v)
+
 
 def _pow2_at_least(n: int, lo: int) -> int:
     p = lo
@@ -239,7 +289,7 @@ def tiles(M: int, N: int, K: int) -> tuple:
 
     The decode GEMMs are skinny (M = batch rows, 1-128) and memory-bound: the weight is streamed
     once per row tile, so rows go in one tile up to 64. From the H100 sweep of
-    scripts/cp_kernel_sweep.py (docs/benchmark-history.md, run 28): one row tile of 16 takes
+    scripts/kernel_sweep.py (docs/benchmark-history.md, run 28): one row tile of 16 takes
     32-wide N tiles, 256-deep K tiles and 3 stages; 64-row tiles take 16-wide N tiles for
     N <= 1024 (o_proj, down: 64 programs), 64-wide at N >= 4096, and 4 stages."""
     BM = min(64, _pow2_at_least(M, 16))
@@ -368,3 +418,45 @@ def cp_attention(
         num_warps=4,
     )
     return out
+
+
+def rope_kv_write(
+    qkv: torch.Tensor,
+    qk_w: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    pos: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+    eps: float,
+) -> torch.Tensor:
+    """The talker's decode step between its q/k/v GEMM and attention, in one kernel: q/k
+    RMSNorm, RoPE at each row's position ``pos [B]`` (tables ``cos``/``sin [M, hd]``,
+    sign-folded sin), keys and values written into ``k_cache``/``v_cache [B', KV, M, hd]`` at
+    ``pos``. ``qkv [B, (H + 2 KV) * hd]``; returns the queries ``[B, H * hd]``."""
+    B = qkv.shape[0]
+    hd = cos.shape[1]
+    assert qkv.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    q = torch.empty(B, heads * hd, device=qkv.device, dtype=qkv.dtype)
+    _rope_kv_kernel[(B, heads + kv_heads)](
+        qkv,
+        qk_w,
+        cos,
+        sin,
+        pos,
+        k_cache,
+        v_cache,
+        q,
+        qkv.stride(0),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        float(eps),
+        H=heads,
+        KVH=kv_heads,
+        HD=hd,
+        num_warps=1,
+    )
+    return q
