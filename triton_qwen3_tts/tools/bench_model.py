@@ -407,7 +407,11 @@ def cp_parity(m, cfg, frames: int, batch: int = 0) -> dict:
     """The code predictor's two implementations (``kernels`` torch and triton) on the same
     weights and the same random (h, c0) rows, ``frames`` frames in batches of the model's slot
     count: the share of identical residual codes, greedy and sampled (the same counter-based
-    noise). Eager calls (no graphs); the compiled blocks where ``cfg.compile``."""
+    noise, which is indexed by candidate rank, so a near-tie that swaps two ranks changes the
+    draw). Greedy codes are also compared with an fp32 reference (the torch blocks in exact
+    math on an fp32 copy of the weights) where the model is not fp32 already. Eager calls (no
+    graphs); the compiled blocks where ``cfg.compile``."""
+    import copy
     from dataclasses import replace
 
     import torch
@@ -417,17 +421,24 @@ def cp_parity(m, cfg, frames: int, batch: int = 0) -> dict:
     other = "torch" if cfg.kernels == "triton" else "triton"
     small = replace(cfg, kernels=other, max_model_len=8, max_trailing_tokens=1)  # no big KV cache
     models = {cfg.kernels: m, other: NativeModel(m.talker, small, 0)}
+    if m.dtype != torch.float32:
+        ref_cfg = replace(small, kernels="torch", dtype="float32", fast_math=False, compile=False)
+        models["fp32"] = NativeModel(copy.deepcopy(m.talker).float(), ref_cfg, 0)
     B = batch or m.S
     g = torch.Generator(device="cpu").manual_seed(3)
     res = {}
     for greedy in (True, False):
-        same = total = 0
+        pairs = [("torch", "triton")] + ([("torch", "fp32"), ("triton", "fp32")] if greedy and "fp32" in models else [])
+        same = dict.fromkeys(pairs, 0)
+        total = 0
         for it in range((frames + B - 1) // B):
-            h = (torch.randn(B, m.D, generator=g) * 0.5).to(m.device, m.dtype)
+            h = torch.randn(B, m.D, generator=g) * 0.5
             c0 = torch.randint(0, m.cb, (B,), generator=g).to(m.device)
             codes = {}
             for k, mm in models.items():
-                mm.h[:B].copy_(h)
+                if k == "fp32" and not greedy:
+                    continue
+                mm.h[:B].copy_(h.to(m.dtype).to(mm.dtype))  # the same (rounded) inputs for all
                 mm.c0[:B].copy_(c0)
                 mm.frame_idx[:B].fill_(it)
                 mm.key[:B].copy_(torch.arange(B, device=m.device) * 7919 + it)
@@ -438,12 +449,23 @@ def cp_parity(m, cfg, frames: int, batch: int = 0) -> dict:
                 with torch.inference_mode():
                     mm.part_code_predictor(B, top_p=False)
                 codes[k] = mm.frames[:B, 1:].clone()
-            same += int((codes["torch"] == codes["triton"]).sum())
+            for a, b in pairs:
+                same[(a, b)] += int((codes[a] == codes[b]).sum())
             total += codes["torch"].numel()
-        res["greedy" if greedy else "sampled"] = {"codes": total, "identical_share": same / total}
+        res["greedy" if greedy else "sampled"] = {
+            "codes": total,
+            "identical_share": same[("torch", "triton")] / total,
+            **{f"{a}_vs_fp32": same[(a, b)] / total for a, b in pairs if b == "fp32"},
+        }
+    gr = res["greedy"]
+    ref = (
+        f"; against fp32 exact math: torch {gr['torch_vs_fp32']:.4f}, triton {gr['triton_vs_fp32']:.4f}"
+        if "torch_vs_fp32" in gr
+        else ""
+    )
     print(
         f"code predictor triton vs torch ({m.dtype}, {frames} frames x {m.R} residual codes): identical "
-        f"greedy {res['greedy']['identical_share']:.4f}, sampled {res['sampled']['identical_share']:.4f}",
+        f"greedy {gr['identical_share']:.4f}, sampled {res['sampled']['identical_share']:.4f}{ref}",
         flush=True,
     )
     return res

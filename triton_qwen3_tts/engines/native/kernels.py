@@ -271,13 +271,6 @@ if triton is not None:
             tl.store(vc_ptr + at, v)
 
 
-def _pow2_at_least(n: int, lo: int) -> int:
-    p = lo
-    while p < n:
-        p *= 2
-    return p
-
-
 def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     """``w [N, K]`` with an RMSNorm weight ``[K]`` folded in (``w * norm_weight``, computed in
     fp32, stored in w's dtype): the weight :func:`linear` takes with ``rms=True``."""
@@ -288,16 +281,16 @@ def tiles(M: int, N: int, K: int) -> tuple:
     """(BM, BN, BK, num_warps, num_stages) of :func:`linear` for an ``M x N x K`` problem.
 
     The decode GEMMs are skinny (M = batch rows, 1-128) and memory-bound: the weight is streamed
-    once per row tile, so rows go in one tile up to 64. From the H100 sweep of
-    scripts/kernel_sweep.py (docs/benchmark-history.md, run 28): one row tile of 16 takes
-    32-wide N tiles, 256-deep K tiles and 3 stages; 64-row tiles take 16-wide N tiles for
-    N <= 1024 (o_proj, down: 64 programs), 64-wide at N >= 4096, and 4 stages."""
-    BM = min(64, _pow2_at_least(M, 16))
+    once per row tile. From the H100 sweeps of scripts/kernel_sweep.py (docs/benchmark-history.md,
+    run 28): up to 16 rows, one 16-row tile with 32-wide N tiles and 256-deep K tiles; above,
+    64-row tiles (32-row tiles made batch 32 slower than batch 64), 16-wide N tiles for N <= 1024
+    (o_proj, down: 64 programs) and 32-wide otherwise; 3 pipeline stages."""
     BK = 256 if K % 256 == 0 else (128 if K % 128 == 0 else 64)
-    if BM <= 16:
-        return BM, 32, BK, 4, 3
-    BN = 16 if N <= 1024 else (64 if N >= 4096 else 32)
-    return BM, BN, 128 if N <= 1024 and K % 128 == 0 else BK, 4, 4
+    if M <= 16:
+        return 16, 32, BK, 4, 3
+    if N <= 1024:
+        return 64, 16, 128 if K % 128 == 0 else 64, 4, 3
+    return 64, 32, BK, 4, 3
 
 
 def linear(
