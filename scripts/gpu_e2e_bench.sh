@@ -26,6 +26,9 @@
 # mp3 opus"). Needs the gateway's wheels in .whl/gateway (scripts/gpu_wheels.sh; without PyAV,
 # which does not fit the call's 64 MiB beside the bundle, only pcm and wav), installed by
 # scripts/gpu_env.sh.
+# The server is stopped with `pkill -f '^tritonserver'` (its command line starts with the binary):
+# an unanchored pattern would also match any shell whose command text names the binary, such as
+# the device call's own.
 set -uo pipefail
 STAGES=${STAGES:-"ckpt model service"}
 FRAMES=${FRAMES:-200}
@@ -58,7 +61,7 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
     --allow-gpu-metrics=false --http-port=18000 --grpc-port=18001 --metrics-port=18002 > "$OUT/server_$TAG.log" 2>&1 &
   for i in $(seq 1 "${READY_S:-300}"); do curl -sf localhost:18000/v2/health/ready > /dev/null && break; sleep 1; done
   curl -sf localhost:18000/v2/health/ready > /dev/null || { echo "server not ready after ${i}s" >&2;
-    grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f tritonserver; exit 1; }
+    grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f '^tritonserver'; exit 1; }
   echo "server ready after ${i}s"
   if [ "$service" = 0 ]; then
     :  # the gateway stage alone: no closed or open loop
@@ -100,7 +103,7 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
     fi
   fi
   curl -s localhost:18002/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_$TAG.txt"
-  pkill -TERM -f tritonserver; sleep 5; pkill -KILL -f triton_python_backend_stub
+  pkill -TERM -f '^tritonserver'; sleep 5; pkill -KILL -f triton_python_backend_stub
   grep -E "^E|Traceback|Error" "$OUT/server_$TAG.log" | head -20
   if [ "${PROFILE:-0}" = 1 ]; then
     sleep 2; python scripts/profile_report.py "$QWEN3_TTS_PROFILE_DIR" --stacks 4 > "$OUT/profile_$TAG.txt" 2>&1

@@ -141,6 +141,6 @@ if [ "${GATEWAY:-0}" = 1 ] && [ $ok_b = 1 ]; then
     echo "gateway skipped: fastapi, uvicorn or python-multipart missing (carry their wheels in .whl/gateway)" >&2
   fi
 fi
-pkill -TERM -f tritonserver; sleep 3; pkill -KILL -f triton_python_backend_stub
+pkill -TERM -f '^tritonserver'; sleep 3; pkill -KILL -f triton_python_backend_stub
 grep -hE "^E|Traceback|Error" "$OUT"/server_*.log | head -20 | cut -c1-400
 pack
