@@ -30,6 +30,7 @@ def _maxdiff(a, b) -> float:
 
 
 def check_linear(out: dict) -> None:
+    out["self_test"] = nk.self_test(torch.device("cpu"), torch.float32)
     g = torch.Generator().manual_seed(0)
     for dt in (torch.float32, torch.bfloat16):
         name = str(dt).split(".")[-1]

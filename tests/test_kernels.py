@@ -40,6 +40,7 @@ def interp():
 
 @needs_triton
 def test_linear_variants_match_torch(interp):
+    assert interp["self_test"] is None  # the load-time self-test passes where the kernels run
     for k in ("linear_rms_swiglu_res", "linear_rms_f32out", "linear_gather_bias", "linear_strided"):
         assert interp[f"{k}_float32"] < 1e-4, (k, interp[f"{k}_float32"])
         assert interp[f"{k}_bfloat16"] < 0.1, (k, interp[f"{k}_bfloat16"])
@@ -102,3 +103,15 @@ def test_triton_refused_on_cpu_without_interpreter(tiny_checkpoint):
     eng = NativeEngine(str(tiny_checkpoint), cfg)
     with pytest.raises(EngineError, match="kernels='triton'.*use kernels='torch'"):
         eng._load()
+
+
+def test_a_kernel_that_fails_to_compile_fails_the_load_with_the_setting(monkeypatch):
+    """A GPU whose toolchain cannot build the kernels: the engine's load fails naming the setting
+    and the fallback (the self-test runs at load, not at the first request)."""
+
+    def broken(*a, **k):
+        raise RuntimeError("cc1: not found")
+
+    monkeypatch.setattr(nk, "linear", broken)
+    why = nk.self_test(torch.device("cpu"), torch.float32)
+    assert why and "do not compile or run here" in why and "cc1: not found" in why

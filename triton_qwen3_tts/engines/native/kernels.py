@@ -56,10 +56,32 @@ def unavailable_reason(device: torch.device) -> Optional[str]:
     if triton is None:
         return "the 'triton' package is not installed"
     if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 8:  # bf16 dots and the tile shapes assume Ampere or newer
+            return f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}) is older than 8.0"
         return None
     if _INTERPRET:
         return None
     return f"device {device} needs a CUDA GPU (or TRITON_INTERPRET=1 set before triton is imported, for tests)"
+
+
+def self_test(device: torch.device, dtype: torch.dtype) -> Optional[str]:
+    """Compile and run :func:`linear` once on a small problem (Triton compiles a launcher with the
+    system's C compiler the first time): the reason it cannot run, or None. Checks the result
+    against torch, so a broken toolchain fails the engine's load with a message instead of its
+    first request."""
+    try:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        x = torch.randn(3, 64, generator=g).to(device, dtype)
+        w = (torch.randn(32, 64, generator=g) * 0.1).to(device, dtype)
+        y = linear(x, w, out_dtype=torch.float32)
+        ref = x.float() @ w.float().T
+        err = float((y - ref).abs().max())
+    except Exception as e:  # noqa: BLE001 - any failure to compile or launch is the answer
+        return f"the kernels do not compile or run here ({type(e).__name__}: {str(e)[:300]})"
+    if not err < 0.05:
+        return f"the kernels' self-test result differs from torch by {err:g}"
+    return None
 
 
 if triton is not None:

@@ -169,6 +169,8 @@ class NativeModel:
         self.triton_kernels = cfg.kernels == "triton"
         if self.triton_kernels:
             why = nk.unavailable_reason(torch.device(dev))
+            if why is None:
+                why = nk.self_test(torch.device(dev), self.dtype)
             if why:
                 raise EngineError(f"NativeEngineConfig.kernels='triton': {why}; use kernels='torch'")
             # the norm weights folded into the GEMMs that follow them (kernels.fold_norm):
