@@ -337,20 +337,27 @@ class NativeModel:
         )
 
     # -- step parts ----------------------------------------------------------------------------
+    def _cp_inputs(self, B: int):
+        """The code predictor's start for rows ``[0, B)``: ``c0 [B]``, the noise of all 15
+        residual draws (counters 16 * frame + j) in one pass ``[B, 15, KR]``, and the first
+        step's input ``[B, 2, Dcp]`` (the projected h and c0 embedding)."""
+        tk = self.talker
+        sl = slice(0, B)
+        c0 = self.c0[sl]
+        counters = self.frame_idx[sl, None] * CP_POSITIONS + self.res_draws[None]
+        noise = self._noise(self.key[sl], counters, self.colsR)
+        x = tk.code_predictor.small_to_mtp_projection(torch.stack([self.h[sl], tk.model.codec_embedding(c0)], dim=1))
+        return c0, noise, x
+
     def part_code_predictor(self, B: int, top_p: bool = True) -> None:
         """(h, c0) -> residual codes; writes ``frames[:B]``. ``top_p=False``: every sampled row
         has ``sub_top_p == 1`` (chosen on the host, as for :meth:`part_sample`)."""
         if self.triton_kernels:
             return self._code_predictor_triton(B, top_p)
-        tk = self.talker
-        cp = tk.code_predictor
+        cp = self.talker.code_predictor
         m = cp.model
         sl = slice(0, B)
-        h, c0 = self.h[sl], self.c0[sl]
-        # the noise of all 15 residual draws (counters 16 * frame + j) in one pass
-        counters = self.frame_idx[sl, None] * CP_POSITIONS + self.res_draws[None]
-        noise = self._noise(self.key[sl], counters, self.colsR)  # [B, 15, KR]
-        x = cp.small_to_mtp_projection(torch.stack([h, tk.model.codec_embedding(c0)], dim=1))
+        c0, noise, x = self._cp_inputs(B)
         codes = [c0]
         c = None
         for j in range(1, self.R + 1):
@@ -379,14 +386,10 @@ class NativeModel:
     def _code_predictor_triton(self, B: int, top_p: bool) -> None:
         """:meth:`part_code_predictor` on the Triton kernels of :mod:`.kernels`: five kernels
         per layer, one for the norm + head and one for the next input per residual step."""
-        tk = self.talker
-        cp = tk.code_predictor
+        cp = self.talker.code_predictor
         m = cp.model
         sl = slice(0, B)
-        h, c0 = self.h[sl], self.c0[sl]
-        counters = self.frame_idx[sl, None] * CP_POSITIONS + self.res_draws[None]
-        noise = self._noise(self.key[sl], counters, self.colsR)  # [B, 15, KR]
-        x = cp.small_to_mtp_projection(torch.stack([h, tk.model.codec_embedding(c0)], dim=1))
+        c0, noise, x = self._cp_inputs(B)
         x = x.reshape(B * 2, -1)
         proj = cp.small_to_mtp_projection
         proj_w = getattr(proj, "weight", None)
