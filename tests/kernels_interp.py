@@ -186,6 +186,70 @@ def check_talker(out: dict) -> None:
     out["talker_argmax_equal"] = float((res["torch"][1].argmax(-1) == res["triton"][1].argmax(-1)).float().mean())
 
 
+def check_engine_frames(out: dict) -> None:
+    """The whole engine with ``kernels="triton"`` (prefill on the torch blocks, decode steps on
+    the kernels): two greedy requests of different lengths, joined one step apart, give the
+    reference ``generate_codes``'s frames (fp32, the projection variant)."""
+    import asyncio
+
+    import numpy as np
+
+    from triton_qwen3_tts.engines.base import TalkerRequest
+    from triton_qwen3_tts.engines.native.engine import NativeEngine
+    from triton_qwen3_tts.model.generate import generate_codes
+    from triton_qwen3_tts.model.sampling import SamplingParams
+
+    talker = _talker("tiny", 128, 0.2)
+    D = talker.config.hidden_size
+    g = torch.Generator().manual_seed(5)
+    prompts = [
+        (torch.randn(L, D, generator=g) * 0.05, torch.randn(N, D, generator=g) * 0.05, mf)
+        for L, N, mf in ((7, 3, 4), (4, 1, 3))
+    ]
+    pad = talker.embed_text(torch.tensor([151671]))[0].detach()  # the engine's tts_pad without a checkpoint
+    with torch.no_grad():
+        refs = [
+            generate_codes(
+                talker, p, t, pad, SamplingParams(do_sample=False, subtalker_dosample=False, max_new_tokens=mf + 1)
+            ).numpy()
+            for p, t, mf in prompts
+        ]
+    cfg = NativeEngineConfig(
+        max_num_seqs=2,
+        max_model_len=32,
+        device="cpu",
+        dtype="float32",
+        cuda_graphs=False,
+        batch_buckets=(1, 2),
+        ctx_buckets=(32,),
+        max_trailing_tokens=4,
+        kernels="triton",
+    )
+
+    async def run():
+        eng = await NativeEngine.create(None, cfg, talker=talker)
+        try:
+
+            async def one(i, p, t, mf):
+                while eng.steps < i:
+                    await asyncio.sleep(0.001)
+                chunks = [
+                    c
+                    async for c in eng.synthesize(
+                        TalkerRequest(request_id=f"r{i}", prompt_embeds=p, trailing=t, max_frames=mf, greedy=True)
+                    )
+                ]
+                return np.concatenate(chunks)
+
+            return await asyncio.gather(*(one(i, *pt) for i, pt in enumerate(prompts)))
+        finally:
+            eng.shutdown()
+
+    res = asyncio.run(run())
+    out["engine_frames_equal"] = [bool(r.shape == w.shape and np.array_equal(r, w)) for r, w in zip(res, refs)]
+    out["engine_frames"] = [int(len(r)) for r in res]
+
+
 def check_bench_parity(out: dict) -> None:
     """benchmark_model.py --cp-parity's comparison on the tiny model (fp32: all codes equal)."""
     from triton_qwen3_tts.tools.bench_model import cp_parity
@@ -204,6 +268,7 @@ def main() -> int:
     check_attention(out)
     check_code_predictor(out)
     check_talker(out)
+    check_engine_frames(out)
     check_bench_parity(out)
     print(json.dumps(out))
     return 0

@@ -1,10 +1,11 @@
-"""The code predictor's Triton kernels (engines/native/kernels.py).
+"""The native engine's Triton kernels (engines/native/kernels.py).
 
 The kernels need a GPU; on the CPU they run in Triton's interpreter, in a subprocess
 (tests/kernels_interp.py) because ``TRITON_INTERPRET`` must be set before ``triton`` is
-imported. fp32 must agree with the torch path to rounding and give the same codes; bf16 is
-bounded loosely (the kernels round once per stored tensor, the torch path after each op). The
-tile choice, the switch and its refusals are checked here directly."""
+imported. fp32 must agree with the torch path to rounding and give the same codes (and the
+whole engine the reference's greedy frames); bf16 is bounded loosely (the kernels round once
+per stored tensor, the torch path after each op). The tile choice, the switch and its refusals
+are checked here directly."""
 
 import json
 import os
@@ -67,6 +68,13 @@ def test_talker_layers_match_torch_path(interp):
     for n in ("hidden", "logits", "k_cache", "v_cache"):
         assert interp[f"talker_{n}_maxdiff"] < 1e-4, (n, interp[f"talker_{n}_maxdiff"])
     assert interp["talker_argmax_equal"] == 1.0
+
+
+@needs_triton
+def test_engine_greedy_frames_equal_the_reference(interp):
+    # prefill on the torch blocks, decode on the kernels, two requests joining a step apart
+    assert interp["engine_frames"] == [4, 3]
+    assert interp["engine_frames_equal"] == [True, True]
 
 
 @needs_triton
