@@ -596,7 +596,7 @@ def check(args) -> dict:
         if args.compile:  # reported, not required to equal eager (inductor reorders arithmetic)
             variants.append(("graphs-compiled", True, None, True, "torch"))
         if args.kernels == "triton":  # reported: the kernels round once per stored tensor
-            variants.append(("graphs-cp-triton", True, None, False, "triton"))
+            variants.append(("graphs-kernels-triton", True, None, False, "triton"))
     outs = {}
     for name, graphs, fast, compiled, kern in variants:
         res, hist = asyncio.run(run(graphs, fast, compiled, kern))
