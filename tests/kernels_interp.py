@@ -50,6 +50,13 @@ def check_linear(out: dict) -> None:
         rows = torch.tensor([3, 0, 10, 3, 7])
         y = nk.linear(table, w[:N], rows=rows, bias=bias)
         out[f"linear_gather_bias_{name}"] = _maxdiff(y, table[rows].float() @ w[:N].float().T + bias.float())
+        for Mb in (70, 130):  # 64-row tiles, a second and a third row tile (the last partial)
+            xb = torch.randn(Mb, K, generator=g).to(dt)
+            rb = torch.randn(Mb, N, generator=g).to(dt)
+            hb = F.rms_norm(xb.float(), (K,), ln.float(), 1e-6)
+            gb, ub = (hb @ w.float().T).split(N, dim=-1)
+            yb = nk.linear(xb, nk.fold_norm(w, ln), rms=True, eps=1e-6, swiglu=True, residual=rb)
+            out[f"linear_rows{Mb}_{name}"] = _maxdiff(yb, F.silu(gb) * ub + rb.float())
         xs = torch.randn(M, 2, K, generator=g).to(dt)[:, 1]  # strided rows
         y = nk.linear(xs, w[:N])
         out[f"linear_strided_{name}"] = _maxdiff(y, xs.float() @ w[:N].float().T)

@@ -42,7 +42,14 @@ def interp():
 @needs_triton
 def test_linear_variants_match_torch(interp):
     assert interp["self_test"] is None  # the load-time self-test passes where the kernels run
-    for k in ("linear_rms_swiglu_res", "linear_rms_f32out", "linear_gather_bias", "linear_strided"):
+    for k in (
+        "linear_rms_swiglu_res",
+        "linear_rms_f32out",
+        "linear_gather_bias",
+        "linear_strided",
+        "linear_rows70",
+        "linear_rows130",
+    ):
         assert interp[f"{k}_float32"] < 1e-4, (k, interp[f"{k}_float32"])
         assert interp[f"{k}_bfloat16"] < 0.1, (k, interp[f"{k}_bfloat16"])
 
@@ -83,6 +90,24 @@ def test_benchmark_parity_counts_codes(interp):
     assert interp["bench_parity_greedy"] == 1.0 and interp["bench_parity_sampled"] == 1.0
 
 
+SHAPES = [  # (N, K, swiglu) of the 1.7B decode GEMMs (code predictor, then talker)
+    (4096, 1024, False),
+    (1024, 2048, False),
+    (3072, 1024, True),
+    (1024, 3072, False),
+    (2048, 1024, False),
+    (4096, 2048, False),
+    (2048, 2048, False),
+    (6144, 2048, True),
+    (2048, 6144, False),
+    (3072, 2048, False),
+]
+
+
+def _smem_need(BM, BN, BK, stages, elt, swiglu):
+    return stages * (BM * BK + (2 if swiglu else 1) * BK * BN) * elt
+
+
 def test_tiles_cover_rows_and_split_outputs():
     for M in (1, 8, 16, 17, 32, 64, 128):
         BM, BN, BK, warps, stages = nk.tiles(M, 4096, 1024)
@@ -91,8 +116,20 @@ def test_tiles_cover_rows_and_split_outputs():
     assert nk.tiles(64, 1024, 3072)[1] == 16  # narrow outputs, 64 rows: small tiles, more programs
     assert nk.tiles(1, 1024, 3072)[2] == 256  # one row tile: deep K tiles
     assert nk.tiles(1, 3072, 100)[2] == 64  # K not a multiple of 128
-    for M in (1, 64):  # the H100 sweep's OutOfResources configurations are never chosen
-        assert nk.tiles(M, 1024, 2048)[1:3] != (64, 256)
+
+
+@pytest.mark.parametrize("smem", [232448, 166912, 101376], ids=["h100", "a100", "sm86"])
+@pytest.mark.parametrize("elt", [2, 4], ids=["bf16", "fp32"])
+def test_tiles_fit_the_gpus_shared_memory(smem, elt):
+    """The pipeline's buffers fit each GPU's shared memory per block in bf16 and fp32; on the
+    H100 in bf16 the measured configurations (run 28) are kept."""
+    for M in (1, 64, 128):
+        for N, K, swiglu in SHAPES:
+            BM, BN, BK, warps, stages = nk.tiles(M, N, K, elt, swiglu, smem)
+            assert _smem_need(BM, BN, BK, stages, elt, swiglu) <= smem, (M, N, K, swiglu)
+            assert K % BK == 0 and stages >= 2
+            if smem == 232448 and elt == 2:
+                assert (BK, stages) == nk.tiles(M, N, K)[2:5:2]  # unbounded choice, unchanged
 
 
 def test_switch_validated():

@@ -49,7 +49,8 @@ class NativeEngineConfig:
     * ``kernels``: ``"torch"`` (the decode step's layers as the blocks above) or ``"triton"``
       (:mod:`triton_qwen3_tts.engines.native.kernels`: the code predictor's layers as five
       fused Triton kernels each, the talker's as five plus SDPA; its own rounding; CUDA, or
-      Triton's interpreter for tests). Prefill keeps the torch blocks.
+      Triton's interpreter for tests). Prefill keeps the torch blocks; the kernels' arithmetic
+      is the fast one (SDPA, norms with the weight) whatever ``fast_math`` says.
     * ``batched_prefill``: the requests admitted in one scheduler round are prefilled together,
       right-padded to one length, in groups of at most ``prefill_max_tokens`` padded rows
       (False: one prefill per request, for A/B timing).

@@ -36,6 +36,7 @@ interpreter's ``tl.dot`` mishandles bf16 operands, so there the operands are wid
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Optional
 
@@ -299,20 +300,53 @@ def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     return (w.float() * norm_weight.float()[None, :]).to(w.dtype).contiguous()
 
 
-def tiles(M: int, N: int, K: int) -> tuple:
-    """(BM, BN, BK, num_warps, num_stages) of :func:`linear` for an ``M x N x K`` problem.
+def tiles(M: int, N: int, K: int, elt: int = 2, swiglu: bool = False, smem: Optional[int] = None) -> tuple:
+    """(BM, BN, BK, num_warps, num_stages) of :func:`linear` for an ``M x N x K`` problem of
+    ``elt``-byte elements on a GPU with ``smem`` bytes of shared memory per block (None: no bound).
 
     The decode GEMMs are skinny (M = batch rows, 1-128) and memory-bound: the weight is streamed
     once per row tile. From the H100 sweeps of scripts/kernel_sweep.py (docs/benchmark-history.md,
     run 28): up to 16 rows, one 16-row tile with 32-wide N tiles and 256-deep K tiles; above,
     64-row tiles (32-row tiles made batch 32 slower than batch 64), 16-wide N tiles for N <= 1024
-    (o_proj, down: 64 programs) and 32-wide otherwise; 3 pipeline stages."""
+    (o_proj, down: 64 programs) and 32-wide otherwise; 3 pipeline stages. The pipeline buffers
+    ``stages x (BM x BK + BK x BN per weight tile)`` elements (two weight tiles with ``swiglu``);
+    where that exceeds ``smem`` (smaller GPUs than the H100, fp32), stages and then K depth are
+    cut until it fits."""
     BK = 256 if K % 256 == 0 else (128 if K % 128 == 0 else 64)
     if M <= 16:
-        return 16, 32, BK, 4, 3
-    if N <= 1024:
-        return 64, 16, 128 if K % 128 == 0 else 64, 4, 3
-    return 64, 32, BK, 4, 3
+        BM, BN = 16, 32
+    elif N <= 1024:
+        BM, BN, BK = 64, 16, min(BK, 128)
+    else:
+        BM, BN = 64, 32
+    stages = 3
+    if smem is not None:
+        need = lambda st, bk: st * (BM * bk + (2 if swiglu else 1) * bk * BN) * elt  # noqa: E731
+        while need(stages, BK) > smem and (stages > 2 or BK > 32):
+            if stages > 2:
+                stages -= 1
+            else:
+                BK //= 2
+    return BM, BN, BK, 4, stages
+
+
+_SMEM: dict = {}
+
+
+def _smem_limit(device: torch.device) -> Optional[int]:
+    """Shared memory per block of ``device`` in bytes (None off the GPU), read once per device."""
+    if device.type != "cuda":
+        return None
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMEM:
+        props = triton.runtime.driver.active.utils.get_device_properties(idx)
+        _SMEM[idx] = int(props["max_shared_mem"])
+    return _SMEM[idx]
+
+
+def _on(t: torch.Tensor):
+    """Triton launches on the current CUDA device: make it ``t``'s (a no-op off the GPU)."""
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
 def linear(
@@ -348,36 +382,37 @@ def linear(
     assert out.shape == (M, N) and out.stride(-1) == 1
     if residual is not None:
         assert residual.shape == (M, N) and residual.stride(-1) == 1
-    BM, BN, BK, warps, stages = config or tiles(M, N, K)
+    BM, BN, BK, warps, stages = config or tiles(M, N, K, w.element_size(), swiglu, _smem_limit(w.device))
     grid = (triton.cdiv(N, BN), triton.cdiv(M, BM))
     dummy = w
-    _linear_kernel[grid](
-        x,
-        rows if rows is not None else dummy,
-        w,
-        bias if bias is not None else dummy,
-        residual if residual is not None else dummy,
-        out,
-        M,
-        N,
-        K,
-        x.stride(0),
-        residual.stride(0) if residual is not None else 0,
-        out.stride(0),
-        float(eps),
-        GATHER=rows is not None,
-        RMS=rms,
-        SWIGLU=swiglu,
-        HAS_BIAS=bias is not None,
-        HAS_RES=residual is not None,
-        UPCAST=_INTERPRET,
-        IEEE=w.dtype == torch.float32,
-        BM=BM,
-        BN=BN,
-        BK=BK,
-        num_warps=warps,
-        num_stages=stages,
-    )
+    with _on(w):
+        _linear_kernel[grid](
+            x,
+            rows if rows is not None else dummy,
+            w,
+            bias if bias is not None else dummy,
+            residual if residual is not None else dummy,
+            out,
+            M,
+            N,
+            K,
+            x.stride(0),
+            residual.stride(0) if residual is not None else 0,
+            out.stride(0),
+            float(eps),
+            GATHER=rows is not None,
+            RMS=rms,
+            SWIGLU=swiglu,
+            HAS_BIAS=bias is not None,
+            HAS_RES=residual is not None,
+            UPCAST=_INTERPRET,
+            IEEE=w.dtype == torch.float32,
+            BM=BM,
+            BN=BN,
+            BK=BK,
+            num_warps=warps,
+            num_stages=stages,
+        )
     return out
 
 
@@ -404,34 +439,36 @@ def cp_attention(
     BT = qkv.shape[0]
     B = BT // T
     P, hd = cos.shape
-    assert BT == B * T and heads % kv_heads == 0 and p0 + T <= P
+    assert BT == B * T and heads % kv_heads == 0 and p0 + T <= P and k_cache.shape[2] == P
+    assert (P & (P - 1)) == 0 and ((T * heads // kv_heads) & (T * heads // kv_heads - 1)) == 0  # tl.arange sizes
     assert qkv.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     assert (hd & (hd - 1)) == 0 and ((heads // kv_heads) & (heads // kv_heads - 1)) == 0
     if out is None:
         out = torch.empty(BT, heads * hd, device=qkv.device, dtype=qkv.dtype)
-    _cp_attn_kernel[(B, kv_heads)](
-        qkv,
-        qk_w,
-        cos,
-        sin,
-        k_cache,
-        v_cache,
-        out,
-        int(p0),
-        qkv.stride(0),
-        out.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        float(eps),
-        float(hd) ** -0.5,
-        T=T,
-        H=heads,
-        KVH=kv_heads,
-        HD=hd,
-        P=P,
-        num_warps=4,
-    )
+    with _on(qkv):
+        _cp_attn_kernel[(B, kv_heads)](
+            qkv,
+            qk_w,
+            cos,
+            sin,
+            k_cache,
+            v_cache,
+            out,
+            int(p0),
+            qkv.stride(0),
+            out.stride(0),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            float(eps),
+            float(hd) ** -0.5,
+            T=T,
+            H=heads,
+            KVH=kv_heads,
+            HD=hd,
+            P=P,
+            num_warps=4,
+        )
     return out
 
 
@@ -455,23 +492,24 @@ def rope_kv_write(
     hd = cos.shape[1]
     assert qkv.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     q = torch.empty(B, heads * hd, device=qkv.device, dtype=qkv.dtype)
-    _rope_kv_kernel[(B, heads + kv_heads)](
-        qkv,
-        qk_w,
-        cos,
-        sin,
-        pos,
-        k_cache,
-        v_cache,
-        q,
-        qkv.stride(0),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        float(eps),
-        H=heads,
-        KVH=kv_heads,
-        HD=hd,
-        num_warps=1,
-    )
+    with _on(qkv):
+        _rope_kv_kernel[(B, heads + kv_heads)](
+            qkv,
+            qk_w,
+            cos,
+            sin,
+            pos,
+            k_cache,
+            v_cache,
+            q,
+            qkv.stride(0),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            float(eps),
+            H=heads,
+            KVH=kv_heads,
+            HD=hd,
+            num_warps=1,
+        )
     return q
