@@ -44,9 +44,13 @@ assert numpy.__version__.startswith('1.'), numpy.__version__; \
 assert (torch.version.cuda or '').startswith('13'), torch.version.cuda; \
 print('image ok: torch', torch.__version__, 'cuda', torch.version.cuda, 'vllm', vllm.__version__, 'tensorrt', tensorrt.__version__)"
 
+# The compiled kernels (torch.compile's inductor, the native engine's Triton kernels) are cached in
+# the volume too, so that a restarted container can reuse them.
 ENV QWEN3_TTS_CHECKPOINT=/models/checkpoint \
     QWEN3_TTS_CACHE=/cache \
-    HF_HOME=/cache/huggingface
+    HF_HOME=/cache/huggingface \
+    TORCHINDUCTOR_CACHE_DIR=/cache/torchinductor \
+    TRITON_CACHE_DIR=/cache/triton
 VOLUME ["/cache"]
 # 8000-8002: Triton HTTP, gRPC, metrics; 8080: the OpenAI-compatible gateway (/v1/audio/speech)
 EXPOSE 8000 8001 8002 8080
