@@ -173,16 +173,12 @@ class NativeModel:
                 why = nk.self_test(torch.device(dev), self.dtype)
             if why:
                 raise EngineError(f"NativeEngineConfig.kernels='triton': {why}; use kernels='torch'")
-            # the norm weights folded into the GEMMs that follow them (kernels.fold_norm):
-            # per layer (q/k/v, gate/up), and per residual head (the final norm)
+            # the norm weights folded into the GEMMs that follow them (kernels.fold_norm): per
+            # layer of the code predictor and the talker (q/k/v, gate/up), and per residual head
+            # (the final norm); a second copy of those weights, 2.0 GB at 1.7B in bf16
             with torch.no_grad():
-                self.cp_folded = [
-                    (nk.fold_norm(ly.wqkv, ly.ln1), nk.fold_norm(ly.wgu, ly.ln2)) for ly in self.cp_layers
-                ]
+                self.cp_folded, self.tk_folded = _folded(self.cp_layers), _folded(self.layers)
                 self.cp_heads = [nk.fold_norm(h.weight, self.cp_norm_w) for h in talker.code_predictor.lm_head]
-                # the talker's layers likewise: a second copy of their q/k/v and gate/up weights
-                # (with the code predictor's, 2.0 GB at 1.7B in bf16)
-                self.tk_folded = [(nk.fold_norm(ly.wqkv, ly.ln1), nk.fold_norm(ly.wgu, ly.ln2)) for ly in self.layers]
         if self.fast:  # the 15 residual tables stacked; the modules keep views of it (no copy)
             tables = talker.code_predictor.model.codec_embedding
             with torch.no_grad():
@@ -233,11 +229,18 @@ class NativeModel:
         if not self.fast:
             return _attn_math(q, k, v, allowed, a.heads, a.kv_heads, a.head_dim)
         if add_mask is not None:
-            b = q.shape[0]
-            rep = a.heads // a.kv_heads
-            o = F.scaled_dot_product_attention(q.reshape(b, a.kv_heads, rep, a.head_dim), k, v, attn_mask=add_mask)
-            return o.reshape(b, a.heads, 1, a.head_dim)
+            return _decode_sdpa(a, q, k, v, add_mask).reshape(q.shape[0], a.heads, 1, a.head_dim)
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+    def _decode_mask(self, pos: torch.Tensor, C: int, additive: bool):
+        """The talker decode step's mask over ``C`` context positions for rows at ``pos [B]``:
+        bool ``allowed [B, 1, 1, C]`` (key <= pos) and, with ``additive``, its additive form
+        (0 / -inf, the model dtype; else None), built once per step and shared by every layer."""
+        allowed = (self.key_idx[None, :C] <= pos[:, None])[:, None, None, :]
+        add_mask = None
+        if additive:
+            add_mask = torch.zeros(allowed.shape, device=self.device, dtype=self.dtype).masked_fill_(~allowed, _NEG_INF)
+        return allowed, add_mask
 
     # -- prefill (a batch of new requests, padded to one length) ----------------------------
     @torch.inference_mode()
@@ -447,14 +450,12 @@ class NativeModel:
         T = self.trailing.shape[1]
         text = self.trailing[sl].gather(1, fi.clamp(max=T - 1)[:, None, None].expand(B, 1, self.D))[:, 0]
         text = torch.where((fi < ntr)[:, None], text, self.tts_pad[None])
+        x = self._embed_frame(self.frames[sl]) + text  # [B, D]
         if self.triton_kernels:
-            return self._talker_triton(B, C, self._embed_frame(self.frames[sl]) + text)
-        x = (self._embed_frame(self.frames[sl]) + text)[:, None]  # [B, 1, D]
+            return self._talker_triton(B, C, x)
+        x = x[:, None]  # [B, 1, D]
         cos, sin = self.cos[pos][:, None, None], self.sin[pos][:, None, None]  # [B, 1, 1, hd]
-        allowed = (self.key_idx[None, :C] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, C]
-        add_mask = None
-        if self.fast:  # built once per step, shared by every layer
-            add_mask = torch.zeros(allowed.shape, device=self.device, dtype=self.dtype).masked_fill_(~allowed, _NEG_INF)
+        allowed, add_mask = self._decode_mask(pos, C, additive=self.fast)  # exact math: the bool mask
         ar = self.ar[sl]
         for i, ly in enumerate(self.layers):
             q, k, v = self._qkv(ly, x, cos, sin)
@@ -474,21 +475,17 @@ class NativeModel:
         length, as the torch fast path), o-proj + residual, gate/up + SwiGLU, down + residual."""
         sl = slice(0, B)
         pos = self.pos[sl]
-        allowed = (self.key_idx[None, :C] <= pos[:, None])[:, None, None, :]  # [B, 1, 1, C]
-        add_mask = torch.zeros(allowed.shape, device=self.device, dtype=self.dtype).masked_fill_(~allowed, _NEG_INF)
+        _, add_mask = self._decode_mask(pos, C, additive=True)
         for i, ly in enumerate(self.layers):
             wqkv, wgu = self.tk_folded[i]
             qkv = nk.linear(x, wqkv, rms=True, eps=ly.eps)
             kc, vc = self.k_cache[i], self.v_cache[i]
             q = nk.rope_kv_write(qkv, ly.qk_w, self.cos, self.sin, pos, kc, vc, ly.heads, ly.kv_heads, ly.eps)
-            rep = ly.heads // ly.kv_heads
-            o = F.scaled_dot_product_attention(
-                q.view(B, ly.kv_heads, rep, ly.head_dim), kc[sl, :, :C], vc[sl, :, :C], attn_mask=add_mask
-            )
+            o = _decode_sdpa(ly, q, kc[sl, :, :C], vc[sl, :, :C], add_mask)
             x = nk.linear(o.reshape(B, -1), ly.wo, residual=x)
             a = nk.linear(x, wgu, rms=True, eps=ly.eps, swiglu=True)
             x = nk.linear(a, ly.wdown, residual=x)
-        hn = F.rms_norm(x, (self.D,), self.norm_w, self.norm_eps)
+        hn = _rms(x, self.norm_w, self.norm_eps, True)
         self.h_new[sl].copy_(hn)
         nk.linear(hn, self.talker.codec_head.weight, out=self.logits[sl])
 
@@ -513,3 +510,19 @@ class NativeModel:
         self.part_code_predictor(B, top_p)
         self.part_talker(B, C)
         self.part_sample(B, top_p)
+
+
+def _decode_sdpa(a, q, k, v, add_mask):
+    """One-row decode attention of layer ``a``: SDPA with the query heads of each kv group folded
+    into the query length (``q`` holds ``B x H x hd`` values, head-major), so the call is plain
+    multi-head attention (no GQA expansion) that the fused kernels take; ``add_mask [B, 1, 1, Tk]``.
+    Returns ``[B, KV, H / KV, hd]``."""
+    return F.scaled_dot_product_attention(
+        q.reshape(q.shape[0], a.kv_heads, a.heads // a.kv_heads, a.head_dim), k, v, attn_mask=add_mask
+    )
+
+
+def _folded(layers) -> list:
+    """``(q/k/v, gate/up)`` weights of each :class:`_Layer` with its input and post-attention norm
+    weights folded in (:func:`kernels.fold_norm`), for the Triton kernels."""
+    return [(nk.fold_norm(ly.wqkv, ly.ln1), nk.fold_norm(ly.wgu, ly.ln2)) for ly in layers]
