@@ -88,6 +88,17 @@ def self_test(device: torch.device, dtype: torch.dtype) -> Optional[str]:
 if triton is not None:
 
     @triton.jit
+    def _dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+        """``a @ b`` in fp32: operands widened first in the interpreter (``UPCAST``), IEEE fp32
+        products for fp32 models (no TF32)."""
+        if UPCAST:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if IEEE:
+            return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a, b)
+
+    @triton.jit
     def _linear_kernel(
         x_ptr,
         idx_ptr,
@@ -140,21 +151,10 @@ if triton is not None:
                 af = a.to(tl.float32)
                 ss += tl.sum(af * af, axis=1)
             b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-            if UPCAST:
-                a = a.to(tl.float32)
-                b = b.to(tl.float32)
-            if IEEE:
-                acc += tl.dot(a, b, input_precision="ieee")
-            else:
-                acc += tl.dot(a, b)
+            acc += _dot(a, b, UPCAST, IEEE)
             if SWIGLU:  # the up rows follow the N gate rows
                 b2 = tl.load(w_ptr + (rn[None, :] + N) * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-                if UPCAST:
-                    b2 = b2.to(tl.float32)
-                if IEEE:
-                    acc2 += tl.dot(a, b2, input_precision="ieee")
-                else:
-                    acc2 += tl.dot(a, b2)
+                acc2 += _dot(a, b2, UPCAST, IEEE)
         if RMS:
             inv = 1.0 / tl.sqrt(ss / K + eps)
             acc = acc * inv[:, None]
@@ -440,9 +440,8 @@ def cp_attention(
     B = BT // T
     P, hd = cos.shape
     assert BT == B * T and heads % kv_heads == 0 and p0 + T <= P and k_cache.shape[2] == P
-    assert (P & (P - 1)) == 0 and ((T * heads // kv_heads) & (T * heads // kv_heads - 1)) == 0  # tl.arange sizes
+    assert all(n & (n - 1) == 0 for n in (P, hd, T * heads // kv_heads))  # tl.arange sizes
     assert qkv.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
-    assert (hd & (hd - 1)) == 0 and ((heads // kv_heads) & (heads // kv_heads - 1)) == 0
     if out is None:
         out = torch.empty(BT, heads * hd, device=qkv.device, dtype=qkv.dtype)
     with _on(qkv):
