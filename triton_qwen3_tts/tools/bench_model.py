@@ -676,7 +676,7 @@ def parse_args(argv=None):
         "--kernels",
         choices=("torch", "triton"),
         default="torch",
-        help="native: the code predictor's decode as torch blocks or fused Triton kernels (CUDA)",
+        help="native: the decode step's layers (talker and code predictor) as torch blocks or fused Triton kernels (CUDA)",
     )
     ap.add_argument(
         "--cp-parity",

@@ -6,8 +6,9 @@ served by one lane from its first frame to its FINAL, so its talker request and 
 on that device. :class:`Router` picks the lane of each new stream and keeps the counts:
 
 * a new stream goes to the least-loaded lane (fewest streams in flight; ties: the next lane in
-  turn after the last one given a stream, so that equal lanes take turns) among those under their limit (``per_device``, the ``max_in_flight`` setting) while the total is
-  under ``total`` (default ``devices x per_device``);
+  turn after the last one given a stream, so that equal lanes take turns) among those under
+  their limit (``per_device``, the ``max_in_flight`` setting) while the total is under ``total``
+  (default ``devices x per_device``);
 * when none can take it, up to ``max_queued`` more wait (one queue for all lanes, first come first
   served); a freed slot goes to the head of the queue, on the least-loaded lane that then has room;
 * beyond that a stream is refused at once with :class:`Overloaded` (Triton ``UNAVAILABLE``);
