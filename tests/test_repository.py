@@ -64,7 +64,7 @@ def test_cpu_python_repository(ckpt, tmp_path):
     codec_txt = (out / "codec_decoder" / "config.pbtxt").read_text()
     assert 'backend: "python"' in codec_txt and "KIND_CPU" in codec_txt
     codec = CodecModelConfig.from_parameters(params(codec_txt))
-    assert codec.device == "cpu" and codec.cuda_graphs is False
+    assert codec.device == "cpu" and codec.cuda_graphs is False and codec.dtype == "float32"
     tts = TtsModelConfig.from_parameters(params((out / "tts" / "config.pbtxt").read_text()))
     assert tts.default_speaker == "aiden" and tts.left_context_frames == 72
 
@@ -168,6 +168,7 @@ def test_gpus_split_writes_one_talker_and_codec_per_gpu(tiny_checkpoint, tmp_pat
         p = params(codec_txt)
         codec = CodecModelConfig.from_parameters({k: v for k, v in p.items() if k != "FORCE_CPU_ONLY_INPUT_TENSORS"})
         assert codec.state == "resident" and "gpu" not in p
+        assert (codec.dtype, talker.codec_dtype) == ("bfloat16", "bfloat16")  # codec_dtype '' on gpu
         assert instance_count({"instance_group": [{"kind": "KIND_GPU", "count": 1, "gpus": [i]}]}) == 1
     tts = TtsModelConfig.from_parameters(params(open(os.path.join(out, "tts", "config.pbtxt")).read()))
     assert (tts.gpus, tts.talker_model, tts.codec_model) == ("2", "talker", "codec_decoder_stateful")
@@ -258,3 +259,28 @@ def test_vllm_cpu_kv_cache_is_shared_by_the_talkers_of_every_gpu():
     one, _ = vllm_cpu_kv_cache_bytes(s, real, 12108, memory=24 * 2**30)
     two, why = vllm_cpu_kv_cache_bytes(s, real, 12108, memory=24 * 2**30, engines=2)
     assert one == 6 * 2**30 and two == 3 * 2**30 and "shared by 2 talkers" in why
+
+
+def test_codec_dtype_defaults_to_bfloat16_on_gpu_and_an_explicit_value_wins(tiny_checkpoint, tmp_path):
+    """codec_dtype '' (the default) is bfloat16 on a GPU, float32 on the CPU, in the repository and
+    in the typed configs a model parses; an explicit value is kept on either device."""
+    for device, value, want in (("gpu", "", "bfloat16"), ("gpu", "float32", "float32"), ("cpu", "", "float32")):
+        out = build_repository(
+            RepositorySettings(
+                checkpoint=str(tiny_checkpoint),
+                codec_backend="python",
+                device=device,
+                engine="native",
+                pipeline="fused",
+                codec_dtype=value,
+                max_num_seqs=4,
+            ),
+            str(tmp_path / f"r_{device}_{value}"),
+        )
+        # the fused pipeline's tts hosts the engine: the talker's parameters, prefixed
+        text = open(os.path.join(out, "tts", "config.pbtxt")).read()
+        assert f'key: "talker.codec_dtype" value: {{ string_value: "{want}" }}' in text, (device, value)
+    assert CodecModelConfig(checkpoint="c", device="cuda").dtype == "bfloat16"
+    assert CodecModelConfig(checkpoint="c", device="cpu").dtype == "float32"
+    assert TalkerModelConfig(checkpoint="c", device="cuda:1").codec_dtype == "bfloat16"
+    assert TalkerModelConfig(checkpoint="c", device="cpu", dtype="float32").codec_dtype == "float32"

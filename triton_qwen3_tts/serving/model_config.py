@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Type, TypeVar
 
 from triton_qwen3_tts.model.config import GenerationDefaults
 
-from triton_qwen3_tts.serving.settings import choices, default
+from triton_qwen3_tts.serving.settings import choices, default, device_dtype
 from triton_qwen3_tts.serving.tts.admission import AdmissionConfig
 from triton_qwen3_tts.serving.tts.router import DeviceError, parse_gpus
 from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES, Sampling, TtsLimits
@@ -154,6 +154,7 @@ class TalkerModelConfig:
         if self.pipeline == "fused" and self.engine != "native":
             raise ModelConfigError("parameter 'pipeline' fused needs engine native (the codec runs in its loop)")
         _choice("codec_dtype", self.codec_dtype, choices("codec_dtype"))
+        object.__setattr__(self, "codec_dtype", device_dtype(self.codec_dtype, self.device))
         if any(v < 1 for v in self.chunk_ramp):
             raise ModelConfigError(f"parameter 'chunk_ramp' values must be >= 1, got {self.chunk_ramp!r}")
         if not 1 <= self.first_chunk_frames <= self.chunk_frames:
@@ -241,6 +242,7 @@ class CodecModelConfig:
             )
         _choice("device", self.device, ("cuda", "cpu"))
         _choice("dtype", self.dtype, choices("codec_dtype"))
+        object.__setattr__(self, "dtype", device_dtype(self.dtype, self.device))
         if self.runtime == "onnxruntime" and not self.onnx_path:
             raise ModelConfigError("parameter 'onnx_path' is required with runtime onnxruntime")
         if list(self.frame_buckets) != sorted(set(self.frame_buckets)) or any(b < 1 for b in self.frame_buckets):

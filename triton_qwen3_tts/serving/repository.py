@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import Dict, Tuple
 
 from triton_qwen3_tts.model.config import Qwen3TTSConfig
-from triton_qwen3_tts.serving.settings import SETTINGS, SettingError, check
+from triton_qwen3_tts.serving.settings import SETTINGS, SettingError, check, device_dtype
 
 
 def find_templates() -> str:
@@ -286,7 +286,7 @@ def kv_cache_bytes(s: RepositorySettings, cfg: Qwen3TTSConfig, max_model_len: in
     positions (engines/native/engine.py). vLLM's pool is sized on its own (kv_cache_memory_bytes /
     gpu_memory_utilization) and need only hold one request of ``max_model_len`` positions."""
     t = cfg.talker
-    dtype = s.talker_dtype or ("float32" if s.device == "cpu" else "bfloat16")
+    dtype = device_dtype(s.talker_dtype, s.device)
     size = 4 if dtype == "float32" else 2
     return (s.max_num_seqs + 1) * max_model_len * t.num_hidden_layers * t.num_key_value_heads * t.head_dim * 2 * size
 
@@ -404,7 +404,8 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
         max_model_len=str(ctx.max_model_len),
         kv_cache_memory_bytes=str(kv_bytes),
         device="cpu" if cpu else "cuda",
-        talker_dtype=s.talker_dtype or ("float32" if cpu else "bfloat16"),
+        talker_dtype=device_dtype(s.talker_dtype, s.device),
+        codec_dtype=device_dtype(s.codec_dtype, s.device),
         codec_instance_kind="KIND_CPU" if cpu else "KIND_GPU",
         codec_cuda_graphs=str(s.codec_cuda_graphs and not cpu).lower(),
         codec_frame_buckets=frame_buckets,
@@ -441,7 +442,7 @@ def build_repository(s: RepositorySettings, out_dir: str, templates: str = TEMPL
             outs = ""
             values.update(codec_codes_optional="true", codec_stateful_instance_kind="KIND_CPU" if cpu else "KIND_MODEL")
         else:
-            ins, outs = config_io_blocks(specs, s.codec_dtype)
+            ins, outs = config_io_blocks(specs, device_dtype(s.codec_dtype, s.device))
         values.update(
             codec_state_inputs=ins,
             codec_state_outputs=outs,

@@ -24,7 +24,17 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-__all__ = ["Setting", "SettingError", "SETTINGS", "BY_NAME", "default", "choices", "check", "render_table"]
+__all__ = [
+    "Setting",
+    "SettingError",
+    "SETTINGS",
+    "BY_NAME",
+    "default",
+    "choices",
+    "check",
+    "render_table",
+    "device_dtype",
+]
 
 
 class SettingError(ValueError):
@@ -222,7 +232,13 @@ SETTINGS: Tuple[Setting, ...] = (
         group="codec",
     ),
     Setting("codec_onnx_path", "", "codec_runtime onnxruntime: the ONNX file of the codec", group="codec"),
-    Setting("codec_dtype", "float32", "Python-backend codec precision", choices=_DTYPES, group="codec"),
+    Setting(
+        "codec_dtype",
+        "",
+        "Python-backend codec precision (the fused pipeline's codec too); '' = bfloat16 on gpu, float32 on cpu",
+        choices=("",) + _DTYPES,
+        group="codec",
+    ),
     Setting(
         "codec_cuda_graphs", True, "Python-backend codec on gpu: CUDA graphs per batch and frame bucket", group="codec"
     ),
@@ -365,6 +381,12 @@ def default(name: str) -> Any:
 def choices(name: str, *, resolved: bool = False) -> Tuple[Any, ...]:
     """The allowed values of setting ``name``; ``resolved``: without ``auto`` (what a model gets)."""
     return tuple(c for c in BY_NAME[name].choices if not (resolved and c == "auto"))
+
+
+def device_dtype(value: str, device: str) -> str:
+    """A precision setting's value (``talker_dtype``, ``codec_dtype``) for ``device``: '' means
+    bfloat16 on a GPU and float32 on the CPU (where bf16 matmuls are slow and tests need fp32)."""
+    return value or ("float32" if device == "cpu" else "bfloat16")
 
 
 def check(name: str, value: Any) -> Any:
