@@ -160,3 +160,56 @@ def test_a_kernel_that_fails_to_compile_fails_the_load_with_the_setting(monkeypa
     monkeypatch.setattr(nk, "linear", broken)
     why = nk.self_test(torch.device("cpu"), torch.float32)
     assert why and "do not compile or run here" in why and "cc1: not found" in why
+
+
+def test_pdl_modes(monkeypatch):
+    """Programmatic dependent launch: a validated mode, never used off the GPU (nor in the
+    interpreter), and a Triton without it (the self-test fails with it, passes without) turns it
+    off instead of failing the load."""
+    monkeypatch.setattr(nk, "PDL", "on")
+    with pytest.raises(ValueError, match="off, on, prefetch"):
+        nk.set_pdl("sometimes")
+    nk.set_pdl("prefetch")
+    assert nk.PDL == "prefetch" and nk._pdl(torch.zeros(1)) == "off"
+    assert nk._launch_opts("off") == {} and nk._launch_opts("on") == {"launch_pdl": True}
+
+    def no_pdl_here(x, w, **k):  # stands in for the kernel, which runs on CPU only in the interpreter
+        if nk.PDL != "off":
+            raise TypeError("unexpected keyword argument 'launch_pdl'")
+        return x.float() @ w.float().T
+
+    monkeypatch.setattr(nk, "linear", no_pdl_here)
+    assert nk.self_test(torch.device("cpu"), torch.float32) is None
+    assert nk.PDL == "off"
+
+
+def _sm90_compiler():
+    pytest.importorskip("triton")
+    try:
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+    except ImportError as e:
+        pytest.skip(f"this Triton has no ahead-of-time compiler API ({e})")
+    return GPUTarget("cuda", 90, 32), ASTSource
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_gpu_variants_compile_for_hopper_with_pdl(swiglu):
+    """No GPU here, but Triton compiles for one: the GEMM kernel with programmatic dependent
+    launch and the L2 weight prefetch compiles for sm_90 (ptxas included) and its PTX waits for
+    the previous grid, releases the next one and prefetches the weight rows (twice with SwiGLU:
+    gate and up)."""
+    target, ASTSource = _sm90_compiler()
+    sig = dict.fromkeys(("x_ptr", "idx_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr"), "*bf16")
+    sig.update(dict.fromkeys(("M", "N", "K", "stride_xm", "stride_rm", "stride_om"), "i32"), eps="fp32")
+    const = dict(GATHER=False, RMS=True, SWIGLU=swiglu, HAS_BIAS=False, HAS_RES=not swiglu, UPCAST=False)
+    const.update(IEEE=False, BM=16, BN=32, BK=256, GDC=True, PREFETCH=True, LINE=64)
+    src = ASTSource(fn=nk._linear_kernel, signature={**sig, **dict.fromkeys(const, "constexpr")}, constexprs=const)
+    try:
+        ptx = nk.triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 3, "launch_pdl": True}).asm[
+            "ptx"
+        ]
+    except FileNotFoundError as e:  # no ptxas in this Triton
+        pytest.skip(f"no CUDA toolchain in this Triton ({e})")
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    assert ptx.count("prefetch.global.L2") == (2 if swiglu else 1)

@@ -679,6 +679,14 @@ def parse_args(argv=None):
         help="native: the decode step's layers (talker and code predictor) as torch blocks or fused Triton kernels (CUDA)",
     )
     ap.add_argument(
+        "--pdl",
+        choices=("off", "on", "prefetch"),
+        default="on",
+        help="--kernels triton on Hopper or newer: programmatic dependent launch of the kernels; prefetch: "
+        "the GEMMs also prefetch their weights into L2 before waiting for the previous kernel "
+        "(engines/native/kernels.py PDL)",
+    )
+    ap.add_argument(
         "--cp-parity",
         type=int,
         default=0,
@@ -730,6 +738,10 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.kernels == "triton":
+        from triton_qwen3_tts.engines.native import kernels
+
+        kernels.set_pdl(args.pdl)
     result = {
         "args": {k: v for k, v in vars(args).items()},
         "host": platform.node(),
@@ -744,6 +756,8 @@ def main(argv=None) -> int:
         result.update(profile_step(args))
     else:
         result.update(asyncio.run(sweep(args)))
+    if args.kernels == "triton":
+        result["pdl"] = kernels.PDL  # "off" when the self-test found no PDL in this Triton
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=float))
         print(f"wrote {args.json}")

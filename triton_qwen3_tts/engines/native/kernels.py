@@ -28,6 +28,12 @@ a tensor is stored (the folded weights are rounded once more at load); the torch
 after each op, so bf16 codes can differ where two candidates are near-tied (the share of identical codes is measured by ``benchmark_model.py
 --cp-parity``). fp32 models use IEEE fp32 dots (no TF32).
 
+On Hopper and newer GPUs every kernel is launched with programmatic dependent launch (PDL,
+:data:`PDL`): the next kernel's programs start while the previous one finishes, wait for it
+(``gdc_wait``) before they touch anything it may write, and with ``"prefetch"`` (:func:`set_pdl`)
+the GEMMs first prefetch their weight slice into L2 (weights are never written, so that needs
+no wait). The arithmetic is the same in every mode.
+
 On the CPU the kernels run only in Triton's interpreter (``TRITON_INTERPRET=1``, set before
 ``triton`` is imported), which is how the tests check them against the torch path; the
 interpreter's ``tl.dot`` mishandles bf16 operands, so there the operands are widened to fp32 first
@@ -37,6 +43,7 @@ interpreter's ``tl.dot`` mishandles bf16 operands, so there the operands are wid
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from typing import Optional
 
@@ -49,7 +56,40 @@ except ImportError:  # pragma: no cover - exercised where triton is absent
     triton = None
     tl = None
 
+log = logging.getLogger(__name__)
+
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+PDL_MODES = ("off", "on", "prefetch")
+# programmatic dependent launch on GPUs of compute capability >= 9.0: "off", "on" (each kernel
+# waits for the previous one at its start), "prefetch" (the GEMMs prefetch their weights into L2
+# before that wait); set_pdl() changes it (before CUDA-graph capture: graphs keep the launches
+# they captured)
+PDL = "on"
+_PDL_DEVICES: dict = {}  # device index -> capability >= 9.0
+
+
+def set_pdl(mode: str) -> None:
+    """Set :data:`PDL` (one of :data:`PDL_MODES`) for the launches that follow."""
+    global PDL
+    if mode not in PDL_MODES:
+        raise ValueError(f"PDL mode must be one of {', '.join(PDL_MODES)}, got {mode!r}")
+    PDL = mode
+
+
+def _pdl(t: torch.Tensor) -> str:
+    """The PDL mode of launches on ``t``'s device ("off" below Hopper, off the GPU, in the
+    interpreter)."""
+    if PDL == "off" or not t.is_cuda or _INTERPRET:
+        return "off"
+    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    if idx not in _PDL_DEVICES:
+        _PDL_DEVICES[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
+    return PDL if _PDL_DEVICES[idx] else "off"
+
+
+def _launch_opts(mode: str) -> dict:
+    return {"launch_pdl": True} if mode != "off" else {}
 
 
 def unavailable_reason(device: torch.device) -> Optional[str]:
@@ -71,18 +111,29 @@ def self_test(device: torch.device, dtype: torch.dtype) -> Optional[str]:
     system's C compiler the first time): the reason it cannot run, or None. Checks the result
     against torch, so a broken toolchain fails the engine's load with a message instead of its
     first request."""
-    try:
-        g = torch.Generator(device="cpu").manual_seed(0)
-        x = torch.randn(3, 64, generator=g).to(device, dtype)
-        w = (torch.randn(32, 64, generator=g) * 0.1).to(device, dtype)
-        y = linear(x, w, out_dtype=torch.float32)
-        ref = x.float() @ w.float().T
-        err = float((y - ref).abs().max())
-    except Exception as e:  # noqa: BLE001 - any failure to compile or launch is the answer
-        return f"the kernels do not compile or run here ({type(e).__name__}: {str(e)[:300]})"
-    if not err < 0.05:
-        return f"the kernels' self-test result differs from torch by {err:g}"
-    return None
+
+    def run() -> Optional[str]:
+        try:
+            g = torch.Generator(device="cpu").manual_seed(0)
+            x = torch.randn(3, 64, generator=g).to(device, dtype)
+            w = (torch.randn(32, 64, generator=g) * 0.1).to(device, dtype)
+            y = linear(x, w, out_dtype=torch.float32)
+            ref = x.float() @ w.float().T
+            err = float((y - ref).abs().max())
+        except Exception as e:  # noqa: BLE001 - any failure to compile or launch is the answer
+            return f"the kernels do not compile or run here ({type(e).__name__}: {str(e)[:300]})"
+        if not err < 0.05:
+            return f"the kernels' self-test result differs from torch by {err:g}"
+        return None
+
+    why = run()
+    if why is not None and PDL != "off":
+        # a Triton without programmatic dependent launch: the kernels still run without it
+        set_pdl("off")
+        if run() is None:
+            log.warning("Triton kernels: programmatic dependent launch off (%s)", why)
+            return None
+    return why
 
 
 if triton is not None:
@@ -97,6 +148,20 @@ if triton is not None:
         if IEEE:
             return tl.dot(a, b, input_precision="ieee")
         return tl.dot(a, b)
+
+    @triton.jit
+    def _prefetch_rows(w_ptr, rows, K, BK: tl.constexpr, LINE: tl.constexpr):
+        """Prefetch weight rows ``rows`` (``K`` elements each) into L2, one address per cache line."""
+        for k0 in range(0, K, BK):
+            rk = tl.minimum(k0 + tl.arange(0, BK // LINE) * LINE, K - 1)
+            tl.inline_asm_elementwise(
+                "prefetch.global.L2 [$1]; mov.u32 $0, 0;",
+                "=r,l",
+                [w_ptr + rows[:, None].to(tl.int64) * K + rk[None, :]],
+                dtype=tl.int32,
+                is_pure=False,
+                pack=1,
+            )
 
     @triton.jit
     def _linear_kernel(
@@ -123,18 +188,33 @@ if triton is not None:
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
+        GDC: tl.constexpr,
+        PREFETCH: tl.constexpr,
+        LINE: tl.constexpr,
     ):
         """out[m, n] = epi(sum_k x[m, k] * w[n, k]); one program per (BN outputs, BM rows).
 
         RMS: ``w`` holds the norm weight folded in (``w[n, k] * ln[k]``), so the norm is a row
         scale ``1 / rms(x[m])`` of the accumulator, its sum of squares gathered from the same
-        x tiles the dot reads (no second pass, nothing between the load and the dot)."""
+        x tiles the dot reads (no second pass, nothing between the load and the dot).
+
+        GDC (programmatic dependent launch): wait for the previous kernel before reading x, rows,
+        bias or residual and before writing out; PREFETCH: first the first row tile's programs
+        prefetch this program's weight rows into L2 (one ``LINE``-element cache line per address)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         m_ok = rm < M
         n_ok = rn < N
+        if PREFETCH:
+            if pid_m == 0:
+                _prefetch_rows(w_ptr, tl.minimum(rn, N - 1), K, BK, LINE)
+                if SWIGLU:
+                    _prefetch_rows(w_ptr, tl.minimum(rn, N - 1) + N, K, BK, LINE)
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         if GATHER:
             rows = tl.load(idx_ptr + rm, mask=m_ok, other=0).to(tl.int64)
         else:
@@ -192,12 +272,16 @@ if triton is not None:
         KVH: tl.constexpr,
         HD: tl.constexpr,
         P: tl.constexpr,
+        GDC: tl.constexpr,
     ):
         """One (batch row b, kv head g): the T new rows' k/v normed, roped and written to the
         cache at positions p0..p0+T-1, then the REP query heads of g over keys 0..p0+t."""
         REP: tl.constexpr = H // KVH
         QR: tl.constexpr = T * REP
         HALF: tl.constexpr = HD // 2
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         b = tl.program_id(0).to(tl.int64)
         g = tl.program_id(1)
         d = tl.arange(0, HD)
@@ -265,11 +349,15 @@ if triton is not None:
         H: tl.constexpr,
         KVH: tl.constexpr,
         HD: tl.constexpr,
+        GDC: tl.constexpr,
     ):
         """One (row b, head hh of the H query then KVH key heads): RMSNorm with its q/k norm
         weight and RoPE at the row's position; queries go to ``q [B, H * hd]``, keys (and the
         head's values) into the KV cache at that position."""
         HALF: tl.constexpr = HD // 2
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         b = tl.program_id(0).to(tl.int64)
         hh = tl.program_id(1)
         d = tl.arange(0, HD)
@@ -385,6 +473,7 @@ def linear(
     BM, BN, BK, warps, stages = config or tiles(M, N, K, w.element_size(), swiglu, _smem_limit(w.device))
     grid = (triton.cdiv(N, BN), triton.cdiv(M, BM))
     dummy = w
+    pdl = _pdl(w)
     with _on(w):
         _linear_kernel[grid](
             x,
@@ -410,8 +499,12 @@ def linear(
             BM=BM,
             BN=BN,
             BK=BK,
+            GDC=pdl != "off",
+            PREFETCH=pdl == "prefetch",
+            LINE=128 // w.element_size(),
             num_warps=warps,
             num_stages=stages,
+            **_launch_opts(pdl),
         )
     return out
 
@@ -466,7 +559,9 @@ def cp_attention(
             KVH=kv_heads,
             HD=hd,
             P=P,
+            GDC=_pdl(qkv) != "off",
             num_warps=4,
+            **_launch_opts(_pdl(qkv)),
         )
     return out
 
@@ -509,6 +604,8 @@ def rope_kv_write(
             H=heads,
             KVH=kv_heads,
             HD=hd,
+            GDC=_pdl(qkv) != "off",
             num_warps=1,
+            **_launch_opts(_pdl(qkv)),
         )
     return q
