@@ -681,7 +681,7 @@ def parse_args(argv=None):
     ap.add_argument(
         "--pdl",
         choices=("off", "on", "prefetch"),
-        default="on",
+        default="off",
         help="--kernels triton on Hopper or newer: programmatic dependent launch of the kernels; prefetch: "
         "the GEMMs also prefetch their weights into L2 before waiting for the previous kernel "
         "(engines/native/kernels.py PDL)",

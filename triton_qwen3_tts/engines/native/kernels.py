@@ -28,11 +28,13 @@ a tensor is stored (the folded weights are rounded once more at load); the torch
 after each op, so bf16 codes can differ where two candidates are near-tied (the share of identical codes is measured by ``benchmark_model.py
 --cp-parity``). fp32 models use IEEE fp32 dots (no TF32).
 
-On Hopper and newer GPUs every kernel is launched with programmatic dependent launch (PDL,
-:data:`PDL`): the next kernel's programs start while the previous one finishes, wait for it
-(``gdc_wait``) before they touch anything it may write, and with ``"prefetch"`` (:func:`set_pdl`)
-the GEMMs first prefetch their weight slice into L2 (weights are never written, so that needs
-no wait). The arithmetic is the same in every mode.
+On Hopper and newer GPUs the kernels can be launched with programmatic dependent launch (PDL,
+:func:`set_pdl`, off by default): the next kernel's programs start while the previous one
+finishes and wait for it (``gdc_wait``) before they touch anything it may write; with
+``"prefetch"`` the GEMMs first prefetch their weight slice into L2 (weights are never written, so
+that needs no wait). The arithmetic is the same in every mode. On the H100 (run 29b) neither
+made the frame step faster: "on" took the code predictor from 3.55 to 3.30 ms at one row but
+slowed the talker's GEMMs (2.70 to 2.94 ms), and "prefetch" was slower still.
 
 On the CPU the kernels run only in Triton's interpreter (``TRITON_INTERPRET=1``, set before
 ``triton`` is imported), which is how the tests check them against the torch path; the
@@ -65,7 +67,7 @@ PDL_MODES = ("off", "on", "prefetch")
 # waits for the previous one at its start), "prefetch" (the GEMMs prefetch their weights into L2
 # before that wait); set_pdl() changes it (before CUDA-graph capture: graphs keep the launches
 # they captured)
-PDL = "on"
+PDL = "off"
 _PDL_DEVICES: dict = {}  # device index -> capability >= 9.0
 
 
