@@ -111,9 +111,11 @@ def slice_state(
 
 def compile_step(step, backend: str = "inductor"):
     """``step(codes, state)`` through ``torch.compile`` with the batch and frame dims of the codes
-    and the batch dim of the state dynamic, so one compiled graph (plus dynamo's specialisations
-    of size 1) serves every (batch bucket, T) slot: compiling each slot separately would cost
-    minutes per slot at start. Inductor fuses the decoder's elementwise work (SnakeBeta, the
+    and the batch dim of the state dynamic, so one compiled graph serves every (batch bucket, T)
+    slot with both at least 2: compiling each slot separately would cost minutes per slot at
+    start. A batch or frame count of 1 would compile again (dynamo specialises sizes 0 and 1:
+    on the H100 each compile of the 1.7B codec took 50-70 s), which is why
+    :class:`StatefulGraphRunner` never calls it with one. Inductor fuses the decoder's elementwise work (SnakeBeta, the
     residual adds, the ConvNeXt norm and GELU) between the cuDNN convolutions; the slots' CUDA
     graphs then capture the compiled kernels. ``backend``: a ``torch.compile`` backend
     (``aot_eager`` traces without generating kernels: how CPU tests check the wiring)."""
@@ -182,6 +184,8 @@ class StatefulGraphRunner:
         self._out = None  # name -> [max bucket, ...] static new-state output
         self._pool = None
         self.compile = bool(compile)
+        if self.compile:  # no batch of 1 reaches the compiled step: it pads into the 2-row slot
+            self.batch_buckets = bb = tuple(sorted({max(2, b) for b in bb}))
         self._step = compile_step(sd.step, compile_backend) if self.compile else sd.step
         self.graph_calls = 0  # calls served by a (graph or capture=False padded) slot
         self.eager_calls = 0  # calls that fell back to sd.step
@@ -207,7 +211,10 @@ class StatefulGraphRunner:
         return self._in, self._out
 
     def _body(self, slot: _Slot):
-        audio, new = self._step(slot.codes, slot.state_in)
+        # one frame: the decoder itself (compiling T = 1 too would double the start-up time;
+        # single frames are a stream's rare remainders)
+        step = self._step if slot.codes.shape[1] > 1 else self.sd.step
+        audio, new = step(slot.codes, slot.state_in)
         for n in self.names:
             slot.state_out[n].copy_(new[n])
         return audio
@@ -246,9 +253,10 @@ class StatefulGraphRunner:
         return slot
 
     def warmup(self) -> None:
-        """Capture every (batch bucket, T) graph now (capture=False: allocate the buffers)."""
-        for bb in self.batch_buckets:
-            for t in self.frame_buckets:
+        """Capture every (batch bucket, T) graph now (capture=False: allocate the buffers), the
+        largest first (with ``compile``: its one compile sees both dims dynamic)."""
+        for bb in reversed(self.batch_buckets):
+            for t in reversed(self.frame_buckets):
                 self._slot(bb, t)
 
     @property
