@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
+from triton_qwen3_tts.engines.native.options import KERNELS
+
 __all__ = [
     "Setting",
     "SettingError",
@@ -197,7 +199,7 @@ SETTINGS: Tuple[Setting, ...] = (
         "torch",
         "native engine: the decode step's layers (talker and code predictor) as torch blocks, or as "
         "fused Triton kernels (gpu only)",
-        choices=("torch", "triton"),
+        choices=KERNELS,
         group="talker",
     ),
     Setting(

@@ -34,6 +34,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from triton_qwen3_tts.engines.native.options import KERNELS, PDL_MODES
 from triton_qwen3_tts.tools._extras import import_model_extra
 
 torch = None  # the model extra: imported once the command line is read (parse_args), so --help needs none
@@ -674,13 +675,13 @@ def parse_args(argv=None):
     ap.add_argument("--no-prefill-graphs", action="store_true", help="native: eager prefill")
     ap.add_argument(
         "--kernels",
-        choices=("torch", "triton"),
+        choices=KERNELS,
         default="torch",
         help="native: the decode step's layers (talker and code predictor) as torch blocks or fused Triton kernels (CUDA)",
     )
     ap.add_argument(
         "--pdl",
-        choices=("off", "on", "prefetch"),
+        choices=PDL_MODES,
         default="off",
         help="--kernels triton on Hopper or newer: programmatic dependent launch of the kernels; prefetch: "
         "the GEMMs also prefetch their weights into L2 before waiting for the previous kernel "

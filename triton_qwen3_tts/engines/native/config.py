@@ -8,9 +8,8 @@ from typing import Optional, Tuple
 import torch
 
 from triton_qwen3_tts.engines.base import EngineError
+from triton_qwen3_tts.engines.native.options import KERNELS
 
-
-KERNELS = ("torch", "triton")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -51,6 +51,8 @@ from typing import Optional
 
 import torch
 
+from triton_qwen3_tts.engines.native.options import PDL_MODES
+
 try:  # GPU builds of torch ship triton; CPU test environments get it with vLLM (xgrammar)
     import triton
     import triton.language as tl
@@ -62,7 +64,6 @@ log = logging.getLogger(__name__)
 
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-PDL_MODES = ("off", "on", "prefetch")
 # programmatic dependent launch on GPUs of compute capability >= 9.0: "off", "on" (each kernel
 # waits for the previous one at its start), "prefetch" (the GEMMs prefetch their weights into L2
 # before that wait); set_pdl() changes it (before CUDA-graph capture: graphs keep the launches

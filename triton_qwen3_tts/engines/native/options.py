@@ -1,0 +1,5 @@
+"""The native engine's enumerated switches, free of torch so that the repository settings
+(``serving/settings.py``) and the benchmarks' argument parsers can list them without loading it."""
+
+KERNELS = ("torch", "triton")  # NativeEngineConfig.kernels: the decode step's layers
+PDL_MODES = ("off", "on", "prefetch")  # kernels.set_pdl: programmatic dependent launch of the kernels
