@@ -345,3 +345,22 @@ def test_compiled_runner_compiles_once_for_every_slot(sd):
     assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])
     assert runner.eager_calls == 0
     torch._dynamo.reset()
+
+
+def test_codec_slots_script_reports_every_slot(tmp_path):
+    """scripts/codec_slots.py (the per-slot warm-up and call times of the fused pipeline's codec;
+    GPU figures in docs/benchmark-history.md, run 29b) on the tiny decoder on the CPU: one row per
+    (batch bucket, frame count) slot the fused pipeline warms."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "slots.json"
+    cmd = [sys.executable, str(root / "scripts" / "codec_slots.py"), "--preset", "tiny", "--device", "cpu"]
+    cmd += ["--dtype", "float32", "--max-batch", "4", "--iters", "1", "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    slots = {(r["batch"], r["frames"]) for r in json.loads(out.read_text())["slots"]}
+    assert slots == {(b, t) for b in (1, 2, 4) for t in (1, 2, 4, 8, 16, 25)}
