@@ -247,3 +247,27 @@ def test_a_stalled_worker_does_not_block_the_tts_event_loop(worker):
 
 async def collect_inputs(w, rid, inputs):
     return [x async for x in w.stream(rid, inputs)]
+
+
+def test_pipe_sender_never_blocks_and_keeps_the_order():
+    """Both sides send through PipeSender: with nobody reading, queuing a megabyte of audio (a
+    blocking send stops after the pipe's 64 KiB) returns at once; once the other side reads,
+    every message arrives, in order, and close() has flushed them."""
+    import multiprocessing
+
+    from triton_qwen3_tts.serving.talker.worker import PipeSender
+
+    a, b = multiprocessing.Pipe()
+    sender = PipeSender(a, "t")
+    chunk = np.zeros(48000, np.float32)  # a 25-frame chunk: 192 KB
+    t0 = time.perf_counter()
+    for i in range(6):
+        sender.send(("item", f"r{i}", chunk))
+    assert time.perf_counter() - t0 < 0.5
+    got = [b.recv() for _ in range(6)]
+    assert [m[1] for m in got] == [f"r{i}" for i in range(6)] and got[0][2].shape == (48000,)
+    sender.send(("end", "r0", None))
+    sender.close()
+    assert b.recv() == ("end", "r0", None)
+    a.close()
+    b.close()

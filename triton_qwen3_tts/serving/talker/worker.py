@@ -47,6 +47,41 @@ log = logging.getLogger(__name__)
 SNAPSHOT_INTERVAL_S = 1.0
 
 
+class PipeSender:
+    """Sends on one end of a ``multiprocessing`` pipe from a thread of its own, in order.
+
+    ``conn.send`` blocks while the pipe is full (64 KiB), until the other process reads. Neither
+    side's event loop may wait there: the worker's loop also turns the engine (a blocked send
+    would leave the GPU idle: a 25-frame audio chunk is 192 KB, and the tts's reader thread
+    gets the interpreter lock only between the tts's own work), and the tts's loop also runs the
+    other workers' streams and the watchdog. :meth:`send` queues and returns at once; the queue
+    is bounded by admission (each admitted stream has a few messages, or its audio, in flight)."""
+
+    def __init__(self, conn, name: str):
+        self.conn = conn
+        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=f"{name}-send", daemon=True)
+        self._thread.start()
+
+    def send(self, msg) -> None:
+        self._outbox.put(msg)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send what is queued, then stop (a send the other side never reads ends at ``timeout``)."""
+        self._outbox.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            msg = self._outbox.get()
+            if msg is None:
+                return
+            try:
+                self.conn.send(msg)
+            except (OSError, EOFError, BrokenPipeError, ValueError):
+                pass  # the other process is gone: its reader reports it; drop the rest
+
+
 # ---- the worker process --------------------------------------------------------------------------
 
 
@@ -92,14 +127,8 @@ async def _serve(conn, cfg: TalkerModelConfig, name: str) -> None:
     from triton_qwen3_tts.serving.talker.service import TalkerService
 
     loop = asyncio.get_running_loop()
-
-    def send(msg) -> bool:  # only ever called on this loop's thread: one sender, no lock
-        try:
-            conn.send(msg)
-            return True
-        except (OSError, EOFError, BrokenPipeError):  # the tts is gone: the reader ends us
-            return False
-
+    sender = PipeSender(conn, name)  # never blocks this loop, which also turns the engine
+    send = sender.send
     try:
         t0 = time.perf_counter()
         svc = TalkerService(make_frontend(cfg), await make_engine(cfg))
@@ -107,6 +136,7 @@ async def _serve(conn, cfg: TalkerModelConfig, name: str) -> None:
             await svc.warmup()
     except BaseException as e:  # noqa: BLE001 - reported to the tts, which fails its load with it
         send(("failed", f"{name}: {type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        sender.close()
         return
     inbox: asyncio.Queue = asyncio.Queue()
 
@@ -173,6 +203,7 @@ async def _serve(conn, cfg: TalkerModelConfig, name: str) -> None:
             task.cancel()
         await asyncio.gather(pusher, *tasks.values(), return_exceptions=True)
         svc.engine.shutdown()
+        sender.close()
 
 
 # ---- the tts's side --------------------------------------------------------------------------------
@@ -193,14 +224,10 @@ class ProcessTalker:
         self.info: Dict[str, Any] = {}
         self.dead: Optional[str] = None  # why the worker is gone (None while it serves)
         self._closing = False
-        # Sends go through a queue to a sender thread of their own: conn.send blocks while the
-        # pipe is full, which a stalled worker (stopped, or stuck without reading) lets happen
-        # after 64 KiB (one voice-clone request's reference audio is more). The tts's event loop
-        # must never block there: it also runs the other workers' streams and the watchdog
-        # that fails a stalled worker's requests. The queue is bounded by admission (each
-        # admitted stream sends a few messages).
-        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._sender = None
+        # sends never block the tts's event loop (PipeSender): a stalled worker (stopped, or
+        # stuck without reading) fills the pipe after 64 KiB, one voice-clone request's
+        # reference audio is more
+        self._sender: Optional[PipeSender] = None
         self._lock = threading.Lock()  # the tables below (the reader thread writes them)
         self._loop: Optional[asyncio.AbstractEventLoop] = None  # the consumers' loop (the tts's)
         self._queues: Dict[str, asyncio.Queue] = {}
@@ -224,8 +251,7 @@ class ProcessTalker:
         child.close()
         self._reader = threading.Thread(target=self._read, name=f"{self.name}-pipe", daemon=True)
         self._reader.start()
-        self._sender = threading.Thread(target=self._write, name=f"{self.name}-send", daemon=True)
-        self._sender.start()
+        self._sender = PipeSender(self.conn, self.name)
         return self
 
     def wait_ready(self, timeout: Optional[float] = None) -> Dict[str, Any]:
@@ -247,8 +273,8 @@ class ProcessTalker:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(5)
-        self._outbox.put(None)  # ends the sender (after the kill, a send it was blocked in fails)
-        self._sender.join(5)
+        if self._sender is not None:
+            self._sender.close()  # after the kill, a send it was blocked in fails
         self.conn.close()
 
     # -- the client interface (serving/tts/service.py TalkerClient)
@@ -308,18 +334,7 @@ class ProcessTalker:
         """Queue ``msg`` for the worker; never blocks. A message the worker never gets (it died)
         needs no answer of its own: the reader sees the pipe close and ends every stream and
         abort with :class:`PeerDied`."""
-        self._outbox.put(msg)
-
-    def _write(self) -> None:
-        """The sender thread: the queued messages, in order, until ``close`` (None)."""
-        while True:
-            msg = self._outbox.get()
-            if msg is None:
-                return
-            try:
-                self.conn.send(msg)
-            except (OSError, EOFError, BrokenPipeError, ValueError):
-                pass  # the worker is gone: the reader reports it (PeerDied); drop the rest
+        self._sender.send(msg)
 
     def _post(self, fn, *args) -> None:
         loop = self._loop
