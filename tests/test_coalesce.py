@@ -190,3 +190,32 @@ def test_tts_asks_for_its_schedule_and_decodes_coalesced_responses_like_single_f
     assert results[0][0] == results[1][0]  # the same codec windows
     for a, b_ in zip(results[0][1], results[1][1]):
         np.testing.assert_array_equal(a, b_)
+
+
+def test_prompt_building_leaves_the_event_loop_free():
+    """A prompt takes milliseconds of CPU to build (tokenizing, projecting its text rows): built
+    on the event loop, it would stall the engine's scheduler, which turns on the same loop, for
+    every stream. Here each build blocks its thread until the loop has run a coroutine (on the
+    loop itself that could never happen: the wait would time out and fail the request) and until
+    the other request's build is running too (the two overlap)."""
+    import threading
+
+    svc = service(3)
+    loop_ran = threading.Event()
+    both = threading.Barrier(2, timeout=5)
+
+    def blocking_parse(rid, inputs):
+        assert loop_ran.wait(5), "the event loop did not run while a prompt was being built"
+        both.wait()
+        return rid
+
+    svc.parse = blocking_parse
+
+    async def main():
+        async def mark():
+            await asyncio.sleep(0)
+            loop_ran.set()
+
+        return (await asyncio.gather(collect(svc, {}), collect(svc, {}), mark()))[:2]
+
+    assert [len(o) for o in asyncio.run(main())] == [3, 3]

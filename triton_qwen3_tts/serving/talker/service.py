@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Dict, Mapping
 
@@ -53,9 +54,17 @@ class TalkerStats:
 
 
 class TalkerService:
+    # Prompts are built (tokenized, and their text rows projected: two 2048 x 2048 GEMMs per
+    # row for the 1.7B model, on the CPU) on threads of their own: on the event loop, which
+    # also turns the engine, each would stall every stream's next step, and a burst of new
+    # requests would stall it for as many builds in a row. Two threads: builds overlap the
+    # engine and each other without taking every core from it.
+    PROMPT_THREADS = 2
+
     def __init__(self, frontend, engine, default_max_frames: int = 2048, max_top_k: int = 2048):
         self.frontend = frontend
         self.engine = engine
+        self._prompts = ThreadPoolExecutor(self.PROMPT_THREADS, thread_name_prefix="talker-prompt")
         self.default_max_frames = default_max_frames
         self.max_top_k = max_top_k
         self.live: Dict[str, asyncio.Task] = {}
@@ -126,7 +135,7 @@ class TalkerService:
         from triton_qwen3_tts.engines.base import EngineError
 
         try:
-            req = self.parse(request_id, inputs)
+            req = await asyncio.get_running_loop().run_in_executor(self._prompts, self.parse, request_id, inputs)
         except (PromptError, EngineError) as e:
             raise as_request_error(e) from None  # the field it names, written once
         fused = getattr(self.engine, "fused", False)  # the engine yields audio chunks, not frames
