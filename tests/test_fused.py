@@ -201,3 +201,56 @@ def test_codec_state_capacity_is_unavailable(tiny_checkpoint, loop, decoder):
         assert p.pool.live == 0
     finally:
         p.shutdown()
+
+
+def test_frames_go_only_to_a_cowork_that_takes_them(tiny_checkpoint, loop):
+    """A co-worker with ``frames_to_cowork`` gets every frame through ``on_events``, and the
+    request's ``synthesize`` yields none: the loop hands no frame to the request's queue (one
+    hand-over and coroutine switch per stream and step saved); the request still ends."""
+
+    class Taker:
+        frames_to_cowork = True
+
+        def __init__(self):
+            self.frames = []
+
+        def run(self, talker_busy):
+            return False
+
+        def on_events(self, events):
+            self.frames += [f for _, f, _ in events if f is not None]
+
+        def has_work(self):
+            return False
+
+        def dispatch(self):
+            pass
+
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg()))
+    try:
+        eng.cowork = taker = Taker()
+        req = _req("t1", eng.hidden, 5, seed=3)
+        got = loop.run_until_complete(_frames(eng, req))
+        assert got.shape == (0, 16)
+        assert len(taker.frames) == 5 and all(f.shape == (1, 16) for f in taker.frames)
+    finally:
+        eng.shutdown()
+
+
+def test_loop_overhead_script_runs(tiny_checkpoint, capsys):
+    """scripts/loop_overhead.py (host time per scheduler iteration, GPU work taken out; its CPU
+    figures are in docs/benchmark-history.md, run 29): every stream gets all its audio."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "loop_overhead.py"
+    spec = importlib.util.spec_from_file_location("loop_overhead", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    n = torch.get_num_threads()
+    try:
+        r = mod.run(str(tiny_checkpoint), streams=3, frames=30)
+    finally:
+        torch.set_num_threads(n)
+    assert r["steps"] == 30 and r["ms_per_iteration"] > 0
+    assert r["frames"] == 3 * 30 and r["chunks"] >= 3 * 5  # first chunk, ramp 2, 4, 8, the rest

@@ -116,6 +116,7 @@ class _Stream:
 
 class FusedPipeline:
     fused = True  # TalkerService: synthesize yields audio and takes ``prefix``
+    frames_to_cowork = True  # the engine hands frames to on_events only (its synthesize yields none)
 
     def __init__(
         self,
@@ -185,7 +186,8 @@ class FusedPipeline:
 
     @staticmethod
     async def _drain(frames, q: asyncio.Queue) -> None:
-        """Run the talker request (its frames reach us through ``on_events``); report failures."""
+        """Run the talker request (its frames reach us through ``on_events``, none through
+        ``frames``: ``frames_to_cowork``); report failures."""
         try:
             async for _ in frames:
                 pass
