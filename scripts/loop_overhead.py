@@ -49,7 +49,6 @@ def run(checkpoint: str, streams: int, frames: int) -> dict:
     from triton_qwen3_tts.engines.base import TalkerRequest
     from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig
     from triton_qwen3_tts.serving.talker import fused
-    from triton_qwen3_tts.serving.talker.deadline import DeadlinePolicy
 
     cfg = NativeEngineConfig(
         max_num_seqs=max(64, streams),
@@ -74,16 +73,7 @@ def run(checkpoint: str, streams: int, frames: int) -> dict:
     fused.run_resident_batch = lambda reqs, pool, codec: [torch.zeros(q.codes.shape[1] * 1920) for q in reqs]
     fused.to_device_async = lambda t, device: t
     try:
-        ramp = (2, 4, 8, 16)
-        policy = DeadlinePolicy(
-            first_chunk_frames=2,
-            ramp=ramp,
-            chunk_frames=25,
-            buffer_s=0.4,
-            urgent_s=0.15,
-            max_batch=32,
-            frame_buckets=fused.frame_buckets(2, ramp, 25),
-        )
+        policy = fused.deadline_policy(2, (2, 4, 8, 16), 25, 400, 32)  # the recommended GPU settings
         pipe = fused.FusedPipeline(eng, None, _Pool(torch), policy)
         d = eng.model.D
 

@@ -52,8 +52,9 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from triton_qwen3_tts.serving.codec.batch import bucket
 from triton_qwen3_tts.serving.talker.deadline import FRAME_SECONDS, DeadlinePolicy, StreamState
-from triton_qwen3_tts.serving.talker.fused import frame_buckets
+from triton_qwen3_tts.serving.talker.fused import deadline_policy
 from triton_qwen3_tts.tools.bench_metrics import RequestRecord, aggregate
 
 SAMPLES_PER_FRAME = 1920
@@ -117,10 +118,8 @@ class Costs:
 
 
 def _bucket(sizes: Sequence[int], n: int) -> int:
-    for s in sizes:
-        if s >= n:
-            return s
-    return sizes[-1]
+    """The smallest bucket >= n; the largest for more rows than any (its cost stands in for them)."""
+    return min(bucket(n, sizes), sizes[-1])
 
 
 H100 = Costs(step_ms={1: 6.30, 8: 6.56, 32: 6.92, 64: 8.06}, codec_ms=_codec_table(False), prompt_ms=5.0)
@@ -270,19 +269,9 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
     return agg
 
 
-def _policy(args, **over) -> DeadlinePolicy:
+def _policy(args) -> DeadlinePolicy:
     ramp = tuple(int(x) for x in args.chunk_ramp.split(",") if x)
-    kw = dict(
-        first_chunk_frames=args.first_chunk_frames,
-        ramp=ramp,
-        chunk_frames=args.chunk_frames,
-        buffer_s=args.buffer_ms / 1000,
-        urgent_s=min(0.15, args.buffer_ms / 2000),
-        max_batch=args.codec_max_batch,
-        frame_buckets=frame_buckets(args.first_chunk_frames, ramp, args.chunk_frames),
-    )
-    kw.update(over)
-    return DeadlinePolicy(**kw)
+    return deadline_policy(args.first_chunk_frames, ramp, args.chunk_frames, args.buffer_ms, args.codec_max_batch)
 
 
 def _row(name: str, agg: dict) -> str:

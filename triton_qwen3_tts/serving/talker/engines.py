@@ -67,8 +67,7 @@ def make_fused(cfg: TalkerModelConfig, engine):
     from triton_qwen3_tts.serving.codec.graphs import warm_stateful_codec
     from triton_qwen3_tts.serving.codec.runtime import load_codec_decoder, torch_dtype
     from triton_qwen3_tts.serving.codec.stateful import StatePool
-    from triton_qwen3_tts.serving.talker.deadline import DeadlinePolicy
-    from triton_qwen3_tts.serving.talker.fused import FusedPipeline, frame_buckets
+    from triton_qwen3_tts.serving.talker.fused import FusedPipeline, deadline_policy, frame_buckets
 
     dtype = torch_dtype(cfg.codec_dtype)
     device = torch.device(cfg.device)
@@ -79,13 +78,7 @@ def make_fused(cfg: TalkerModelConfig, engine):
         sd, device, dtype, cfg.codec_cuda_graphs, cfg.codec_max_batch, buckets, compile=cfg.codec_compile
     )
     pool = StatePool(sd, cfg.codec_state_slots, device, dtype, idle_timeout_s=0)
-    policy = DeadlinePolicy(
-        first_chunk_frames=cfg.first_chunk_frames,
-        ramp=cfg.chunk_ramp,
-        chunk_frames=cfg.chunk_frames,
-        buffer_s=cfg.fused_buffer_ms / 1000.0,
-        urgent_s=min(0.15, cfg.fused_buffer_ms / 2000.0),
-        max_batch=cfg.codec_max_batch,
-        frame_buckets=buckets,
+    policy = deadline_policy(
+        cfg.first_chunk_frames, cfg.chunk_ramp, cfg.chunk_frames, cfg.fused_buffer_ms, cfg.codec_max_batch
     )
     return FusedPipeline(engine, runner or sd, pool, policy, prime_frames=cfg.chunk_frames)

@@ -348,4 +348,22 @@ def frame_buckets(first_chunk_frames: int, ramp: Sequence[int], chunk_frames: in
     return tuple(sorted(v for v in vals if 1 <= v <= chunk_frames))
 
 
-__all__ = ["FusedPipeline", "FusedStats", "Histogram", "frame_buckets", "FRAME_SECONDS"]
+def deadline_policy(
+    first_chunk_frames: int, ramp: Sequence[int], chunk_frames: int, buffer_ms: float, max_batch: int
+) -> DeadlinePolicy:
+    """The fused pipeline's policy from its settings (``first_chunk_frames``, ``chunk_ramp``,
+    ``chunk_frames``, ``fused_buffer_ms``, ``codec_max_batch_size``): a stream is critical below
+    half its buffer target (at most 150 ms), and the codec's frame counts are
+    :func:`frame_buckets`'."""
+    return DeadlinePolicy(
+        first_chunk_frames=first_chunk_frames,
+        ramp=tuple(ramp),
+        chunk_frames=chunk_frames,
+        buffer_s=buffer_ms / 1000.0,
+        urgent_s=min(0.15, buffer_ms / 2000.0),
+        max_batch=max_batch,
+        frame_buckets=frame_buckets(first_chunk_frames, ramp, chunk_frames),
+    )
+
+
+__all__ = ["FusedPipeline", "FusedStats", "Histogram", "deadline_policy", "frame_buckets", "FRAME_SECONDS"]
