@@ -540,6 +540,7 @@ def cp_attention(
     assert qkv.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     if out is None:
         out = torch.empty(BT, heads * hd, device=qkv.device, dtype=qkv.dtype)
+    pdl = _pdl(qkv)
     with _on(qkv):
         _cp_attn_kernel[(B, kv_heads)](
             qkv,
@@ -562,9 +563,9 @@ def cp_attention(
             KVH=kv_heads,
             HD=hd,
             P=P,
-            GDC=_pdl(qkv) != "off",
+            GDC=pdl != "off",
             num_warps=4,
-            **_launch_opts(_pdl(qkv)),
+            **_launch_opts(pdl),
         )
     return out
 
@@ -589,6 +590,7 @@ def rope_kv_write(
     hd = cos.shape[1]
     assert qkv.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     q = torch.empty(B, heads * hd, device=qkv.device, dtype=qkv.dtype)
+    pdl = _pdl(qkv)
     with _on(qkv):
         _rope_kv_kernel[(B, heads + kv_heads)](
             qkv,
@@ -607,8 +609,8 @@ def rope_kv_write(
             H=heads,
             KVH=kv_heads,
             HD=hd,
-            GDC=_pdl(qkv) != "off",
+            GDC=pdl != "off",
             num_warps=1,
-            **_launch_opts(_pdl(qkv)),
+            **_launch_opts(pdl),
         )
     return q
