@@ -275,6 +275,20 @@ def test_repository_writes_the_stateful_frame_buckets(tiny_checkpoint, tmp_path)
         cfg(codec_stateful_frame_buckets="25,2")
 
 
+def _steps_equal_the_decoder(sd, runner, cases):
+    """For each ``(b, t, positions)``: the runner's step of ``b`` streams at those positions (a
+    real state) and ``t`` new frames gives the eager decoder's audio and state."""
+    for b, t, pos in cases:
+        state = _states_at(sd, pos, seed=b + t)
+        codes = _codes(sd, b, t, seed=b * t)
+        audio, new = runner.step(codes, state)
+        with torch.inference_mode():
+            ref, ref_new = sd.step(codes, state)
+        assert audio.shape == ref.shape and _max_diff(audio, ref) <= 1e-5, (b, t)
+        for n in ref_new:
+            assert _max_diff(new[n], ref_new[n]) <= 1e-5 * max(1.0, ref_new[n].abs().max().item()), (b, t, n)
+
+
 def test_compiled_step_serves_every_slot_and_equals_the_decoder(sd):
     """``compile=True`` (backend aot_eager: dynamo traces the step into one graph with dynamic
     batch and frame dims, no kernels generated) gives the eager decoder's audio and state for
@@ -294,15 +308,7 @@ def test_compiled_step_serves_every_slot_and_equals_the_decoder(sd):
     )
     counts = torch._dynamo.utils.counters
     counts.clear()
-    for b, t, pos in ((3, 2, [0, 5, 9]), (2, 4, [3, 0]), (4, 4, [1, 2, 3, 4]), (3, 7, [0, 5, 9])):
-        state = _states_at(sd, pos, seed=b + t)
-        codes = _codes(sd, b, t, seed=b * t)
-        audio, new = runner.step(codes, state)
-        with torch.inference_mode():
-            ref, ref_new = sd.step(codes, state)
-        assert audio.shape == ref.shape and _max_diff(audio, ref) <= 1e-5, (b, t)
-        for n in ref_new:
-            assert _max_diff(new[n], ref_new[n]) <= 1e-5 * max(1.0, ref_new[n].abs().max().item()), (b, t, n)
+    _steps_equal_the_decoder(sd, runner, ((3, 2, [0, 5, 9]), (2, 4, [3, 0]), (4, 4, [1, 2, 3, 4]), (3, 7, [0, 5, 9])))
     # slots (4,2) (2,4) (4,4) ran through the compiled step (T=7 cannot be split into 2s and 4s:
     # eager); the batch and frame dims are dynamic, so fewer graphs than slots were compiled
     assert runner.graph_calls == 3 and runner.eager_calls == 1
@@ -333,15 +339,7 @@ def test_compiled_runner_compiles_once_for_every_slot(sd):
     counts = torch._dynamo.utils.counters
     counts.clear()
     runner.warmup()
-    for b, t, pos in ((1, 2, [4]), (1, 1, [0]), (3, 1, [0, 5, 9]), (2, 4, [3, 0])):
-        state = _states_at(sd, pos, seed=b + t)
-        codes = _codes(sd, b, t, seed=b * t)
-        audio, new = runner.step(codes, state)
-        with torch.inference_mode():
-            ref, ref_new = sd.step(codes, state)
-        assert _max_diff(audio, ref) <= 1e-5, (b, t)
-        for n in ref_new:
-            assert _max_diff(new[n], ref_new[n]) <= 1e-5 * max(1.0, ref_new[n].abs().max().item()), (b, t, n)
+    _steps_equal_the_decoder(sd, runner, ((1, 2, [4]), (1, 1, [0]), (3, 1, [0, 5, 9]), (2, 4, [3, 0])))
     assert counts["stats"]["unique_graphs"] == 1, dict(counts["stats"])
     assert runner.eager_calls == 0
     torch._dynamo.reset()
