@@ -91,3 +91,21 @@ def test_talker_kernels_choice():
         TalkerModelConfig.from_parameters({**base, "native_kernels": "cuda"})
     with pytest.raises(ModelConfigError, match="native_kernels' triton needs engine native on a gpu"):
         TalkerModelConfig.from_parameters({**base, "native_kernels": "triton", "device": "cpu"})
+
+
+def test_prompt_device_resolves_to_the_native_engines_gpu():
+    """prompt_device auto projects prompts on the native engine's GPU; on the CPU, for vLLM (its
+    engine has processes of its own) and with prompt_device cpu, on the CPU; a bad value names
+    the parameter and its values."""
+    from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
+
+    def dev(**kw):
+        return TalkerModelConfig.from_parameters({"checkpoint": "ck", **kw}).prompt_projection_device()
+
+    assert dev(engine="native", device="cuda") == "cuda"
+    assert dev(engine="native", device="cuda:1") == "cuda:1"
+    assert dev(engine="native", device="cpu") == "cpu"
+    assert dev(engine="vllm", device="cuda") == "cpu"
+    assert dev(engine="native", device="cuda", prompt_device="cpu") == "cpu"
+    with pytest.raises(ModelConfigError, match="prompt_device.*auto, cpu.*'gpu'"):
+        dev(engine="native", prompt_device="gpu")

@@ -131,6 +131,7 @@ class TalkerModelConfig:
     native_compile: bool = default("native_compile")
     native_batch_buckets: str = default("native_batch_buckets")
     native_kernels: str = default("native_kernels")
+    prompt_device: str = default("prompt_device")
     # pipeline fused (serving/talker/fused.py): the codec runs in this model, scheduled by
     # playback deadline with these chunk sizes; codec_max_batch is its largest batch
     pipeline: str = default("pipeline")
@@ -168,6 +169,7 @@ class TalkerModelConfig:
             raise ModelConfigError("parameters 'codec_max_batch' and 'codec_state_slots' must be >= 1")
         self.batch_buckets()  # validates native_batch_buckets
         _choice("native_kernels", self.native_kernels, choices("native_kernels"))
+        _choice("prompt_device", self.prompt_device, choices("prompt_device"))
         if self.native_kernels == "triton" and (self.engine != "native" or self.device == "cpu"):
             raise ModelConfigError("parameter 'native_kernels' triton needs engine native on a gpu")
         if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", self.device):  # cuda:i: one engine of several (gpus)
@@ -183,6 +185,13 @@ class TalkerModelConfig:
             raise ModelConfigError("parameter 'kv_cache_memory_bytes' must be >= 0")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ModelConfigError("parameter 'gpu_memory_utilization' must be in (0, 1]")
+
+    def prompt_projection_device(self) -> str:
+        """The device ``prompt_device`` resolves to: the native engine's GPU for ``auto`` (vLLM's
+        engine lives in processes of its own, so this process keeps no CUDA context for it)."""
+        if self.prompt_device == "auto" and self.engine == "native" and self.device != "cpu":
+            return self.device
+        return "cpu"
 
     def batch_buckets(self):
         """``native_batch_buckets`` as a tuple of ints (None when empty)."""

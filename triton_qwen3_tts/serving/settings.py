@@ -203,6 +203,14 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "prompt_device",
+        "auto",
+        "where each prompt's text rows are projected (two text-width GEMMs per row, float32): 'auto' = "
+        "the native engine's GPU (the CPU for vllm or on cpu), 'cpu' = on the CPU",
+        choices=("auto", "cpu"),
+        group="talker",
+    ),
+    Setting(
         "native_batch_buckets",
         "",
         "native engine: decode batch sizes with a captured graph, e.g. 1,8,32,64 ('' = the engine's default)",

@@ -11,7 +11,7 @@ from triton_qwen3_tts.serving.model_config import TalkerModelConfig
 def make_frontend(cfg: TalkerModelConfig):
     from triton_qwen3_tts.model.frontend import PromptFrontend
 
-    return PromptFrontend(cfg.checkpoint)
+    return PromptFrontend(cfg.checkpoint, project_device=cfg.prompt_projection_device())
 
 
 async def make_engine(cfg: TalkerModelConfig):

@@ -55,10 +55,11 @@ class TalkerStats:
 
 class TalkerService:
     # Prompts are built (tokenized, and their text rows projected: two 2048 x 2048 GEMMs per
-    # row for the 1.7B model, on the CPU) on threads of their own: on the event loop, which
-    # also turns the engine, each would stall every stream's next step, and a burst of new
-    # requests would stall it for as many builds in a row. Two threads: builds overlap the
-    # engine and each other without taking every core from it.
+    # row for the 1.7B model, on the CPU or, with prompt_device auto, on the engine's GPU) on
+    # threads of their own: on the event loop, which also turns the engine, each would stall
+    # every stream's next step, and a burst of new requests would stall it for as many builds in
+    # a row. Two threads: builds overlap the engine and each other without taking every core
+    # from it.
     PROMPT_THREADS = 2
 
     def __init__(self, frontend, engine, default_max_frames: int = 2048, max_top_k: int = 2048):
