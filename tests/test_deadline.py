@@ -150,7 +150,31 @@ def test_batch_groups_equal_frame_counts_most_urgent_first_up_to_max_batch():
     assert policy(max_batch=8).pick(streams, now, talker_busy=True).sids == (2, 1, 4, 3)
 
 
+def test_ride_along_due_takes_streams_below_their_buffer_with_a_smaller_chunk():
+    """ride_along due: a call that runs anyway also takes streams whose buffer is below target and
+    that have the call's frames pending, though their schedule's chunk is larger; streams with a
+    full buffer, or with fewer frames pending, still wait. With schedule (the default) neither
+    rides along."""
+    now = 7.0
+    streams = [
+        playing(1, now, slack=0.05, pending=8, chunks=2),  # critical with 8
+        playing(2, now, slack=0.3, pending=8, chunks=5),  # chunk 16, buffer below target: rides with due
+        playing(3, now, slack=0.2, pending=12, chunks=5),  # chunk 16, 12 pending -> 8: rides with due
+        playing(4, now, slack=0.5, pending=8, chunks=5),  # buffer full: waits
+        playing(5, now, slack=0.1, pending=4, chunks=5),  # fewer than 8 pending: waits
+    ]
+    assert policy().pick(streams, now, talker_busy=True).sids == (1,)
+    b = policy(ride_along="due").pick(streams, now, talker_busy=True)
+    assert b.frames == 8 and b.reason == "critical" and b.sids == (1, 3, 2)
+    assert policy(ride_along="due", max_batch=2).pick(streams, now, talker_busy=True).sids == (1, 3)
+    # first chunks never take ride-alongs
+    first = [StreamState(9, t_submit=6.9, pending=1), playing(2, now, slack=0.3, pending=8, chunks=5)]
+    assert policy(ride_along="due").pick(first, now, talker_busy=True).sids == (9,)
+
+
 def test_settings_are_checked():
+    with pytest.raises(ValueError, match="ride_along must be one of schedule, due"):
+        policy(ride_along="all")
     with pytest.raises(ValueError, match="first_chunk_frames"):
         policy(first_chunk_frames=20)
     with pytest.raises(ValueError, match="urgent_s"):

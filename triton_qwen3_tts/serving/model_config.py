@@ -136,6 +136,7 @@ class TalkerModelConfig:
     # playback deadline with these chunk sizes; codec_max_batch is its largest batch
     pipeline: str = default("pipeline")
     fused_buffer_ms: int = default("fused_buffer_ms")
+    fused_ride_along: str = default("fused_ride_along")
     first_chunk_frames: int = default("first_chunk_frames")
     chunk_ramp: tuple = tuple(int(x) for x in default("chunk_ramp").split(","))
     chunk_frames: int = default("chunk_frames")
@@ -170,6 +171,7 @@ class TalkerModelConfig:
         self.batch_buckets()  # validates native_batch_buckets
         _choice("native_kernels", self.native_kernels, choices("native_kernels"))
         _choice("prompt_device", self.prompt_device, choices("prompt_device"))
+        _choice("fused_ride_along", self.fused_ride_along, choices("fused_ride_along"))
         if self.native_kernels == "triton" and (self.engine != "native" or self.device == "cpu"):
             raise ModelConfigError("parameter 'native_kernels' triton needs engine native on a gpu")
         if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", self.device):  # cuda:i: one engine of several (gpus)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 from triton_qwen3_tts.engines.native.options import KERNELS
+from triton_qwen3_tts.serving.talker.deadline import RIDE_ALONG
 
 __all__ = [
     "Setting",
@@ -223,6 +224,15 @@ SETTINGS: Tuple[Setting, ...] = (
         "with more, its frames wait and go out later in one larger chunk",
         lo=20,
         hi=60000,
+        group="talker",
+    ),
+    Setting(
+        "fused_ride_along",
+        "schedule",
+        "pipeline fused: which streams fill a codec call beside the most urgent ones: 'schedule' = "
+        "those with their next scheduled chunk ready; 'due' = also those whose buffer is below "
+        "fused_buffer_ms, with a smaller chunk (fewer, fuller calls; more, smaller chunks)",
+        choices=RIDE_ALONG,
         group="talker",
     ),
     # ---- codec

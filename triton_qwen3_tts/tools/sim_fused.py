@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from triton_qwen3_tts.serving.codec.batch import bucket
-from triton_qwen3_tts.serving.talker.deadline import FRAME_SECONDS, DeadlinePolicy, StreamState
+from triton_qwen3_tts.serving.talker.deadline import FRAME_SECONDS, RIDE_ALONG, DeadlinePolicy, StreamState
 from triton_qwen3_tts.serving.talker.fused import deadline_policy
 from triton_qwen3_tts.tools.bench_metrics import RequestRecord, aggregate
 
@@ -271,7 +271,9 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
 
 def _policy(args) -> DeadlinePolicy:
     ramp = tuple(int(x) for x in args.chunk_ramp.split(",") if x)
-    return deadline_policy(args.first_chunk_frames, ramp, args.chunk_frames, args.buffer_ms, args.codec_max_batch)
+    return deadline_policy(
+        args.first_chunk_frames, ramp, args.chunk_frames, args.buffer_ms, args.codec_max_batch, args.ride_along
+    )
 
 
 def _row(name: str, agg: dict) -> str:
@@ -316,6 +318,7 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-frames", type=int, default=25)
     ap.add_argument("--codec-max-batch", type=int, default=32)
     ap.add_argument("--buffer-ms", type=float, default=400)
+    ap.add_argument("--ride-along", choices=RIDE_ALONG, default="schedule", help="the fused_ride_along setting")
     ap.add_argument("--seeds", type=int, default=3, help="open loop: arrival seeds averaged")
     ap.add_argument(
         "--calibrate",

@@ -30,8 +30,15 @@ A stream whose buffer is full (slack at least ``buffer_s``) waits: its frames pi
 later in one larger chunk. A decode takes at most ``chunk_frames`` frames per stream, rounded
 down to one of ``frame_buckets`` (the codec's CUDA-graph sizes; the rest stays pending). The
 batch is the most urgent stream's group: the candidates that decode the same number of frames,
-most urgent first, then (filling the batch) every other stream with a chunk of at least that size
-ready and no smaller than its schedule's next chunk, least slack first; at most ``max_batch``.
+most urgent first, then (filling the batch) **ride-alongs**, least slack first; at most
+``max_batch``. Which streams may ride along (``ride_along``):
+
+* ``schedule``: a stream with at least the batch's frames pending whose schedule's next chunk is
+  no larger than that (it would be decoded in a call of its own soon anyway);
+* ``due``: those, and any other stream with at least the batch's frames pending whose buffer is
+  below target (slack under ``buffer_s``): it gets a smaller chunk than its schedule's, in a call
+  that runs anyway, instead of a call of its own later. Fewer, fuller codec calls (each costs a
+  few ms however few streams it has), at the price of more, smaller chunks.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence, Tuple
 
 FRAME_SECONDS = 1920 / 24000  # one frame = 80 ms of audio
+RIDE_ALONG = ("schedule", "due")
 
 
 @dataclass
@@ -82,6 +90,7 @@ class DeadlinePolicy:
     urgent_s: float = 0.15
     max_batch: int = 64
     frame_buckets: Tuple[int, ...] = ()  # () = any frame count
+    ride_along: str = "schedule"  # one of RIDE_ALONG (module docstring)
     _last_was_codec: bool = field(default=False, repr=False)
 
     def __post_init__(self):
@@ -93,6 +102,8 @@ class DeadlinePolicy:
             raise ValueError(f"first_chunk_frames ({self.first_chunk_frames}) must be <= chunk_frames")
         if not 0 <= self.urgent_s <= self.buffer_s:
             raise ValueError(f"need 0 <= urgent_s <= buffer_s, got {self.urgent_s}, {self.buffer_s}")
+        if self.ride_along not in RIDE_ALONG:
+            raise ValueError(f"ride_along must be one of {', '.join(RIDE_ALONG)}, got {self.ride_along!r}")
         fb = tuple(sorted(set(int(b) for b in self.frame_buckets)))
         if fb and fb[0] != 1:
             raise ValueError(f"frame_buckets must contain 1 (every pending count can then be decoded), got {fb}")
@@ -170,7 +181,11 @@ class DeadlinePolicy:
                 for s in streams
                 if s.sid not in taken
                 and s.t_first is not None
-                and self.fit(s.pending) >= frames >= self.fit(self.chunk_size(s.chunks))
+                and self.fit(s.pending) >= frames
+                and (
+                    frames >= self.fit(self.chunk_size(s.chunks))
+                    or (self.ride_along == "due" and s.slack(now) < self.buffer_s)
+                )
             ]
             extra.sort(key=lambda s: s.slack(now))
             group += extra[: self.max_batch - len(group)]

@@ -79,6 +79,11 @@ def make_fused(cfg: TalkerModelConfig, engine):
     )
     pool = StatePool(sd, cfg.codec_state_slots, device, dtype, idle_timeout_s=0)
     policy = deadline_policy(
-        cfg.first_chunk_frames, cfg.chunk_ramp, cfg.chunk_frames, cfg.fused_buffer_ms, cfg.codec_max_batch
+        cfg.first_chunk_frames,
+        cfg.chunk_ramp,
+        cfg.chunk_frames,
+        cfg.fused_buffer_ms,
+        cfg.codec_max_batch,
+        cfg.fused_ride_along,
     )
     return FusedPipeline(engine, runner or sd, pool, policy, prime_frames=cfg.chunk_frames)

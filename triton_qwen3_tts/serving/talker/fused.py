@@ -349,12 +349,17 @@ def frame_buckets(first_chunk_frames: int, ramp: Sequence[int], chunk_frames: in
 
 
 def deadline_policy(
-    first_chunk_frames: int, ramp: Sequence[int], chunk_frames: int, buffer_ms: float, max_batch: int
+    first_chunk_frames: int,
+    ramp: Sequence[int],
+    chunk_frames: int,
+    buffer_ms: float,
+    max_batch: int,
+    ride_along: str = "schedule",
 ) -> DeadlinePolicy:
     """The fused pipeline's policy from its settings (``first_chunk_frames``, ``chunk_ramp``,
-    ``chunk_frames``, ``fused_buffer_ms``, ``codec_max_batch_size``): a stream is critical below
-    half its buffer target (at most 150 ms), and the codec's frame counts are
-    :func:`frame_buckets`'."""
+    ``chunk_frames``, ``fused_buffer_ms``, ``codec_max_batch_size``, ``fused_ride_along``): a
+    stream is critical below half its buffer target (at most 150 ms), and the codec's frame
+    counts are :func:`frame_buckets`'."""
     return DeadlinePolicy(
         first_chunk_frames=first_chunk_frames,
         ramp=tuple(ramp),
@@ -363,6 +368,7 @@ def deadline_policy(
         urgent_s=min(0.15, buffer_ms / 2000.0),
         max_batch=max_batch,
         frame_buckets=frame_buckets(first_chunk_frames, ramp, chunk_frames),
+        ride_along=ride_along,
     )
 
 
