@@ -271,3 +271,13 @@ def test_pipe_sender_never_blocks_and_keeps_the_order():
     assert b.recv() == ("end", "r0", None)
     a.close()
     b.close()
+
+
+def test_engine_threads_share_the_cpus_between_gpu_workers():
+    from triton_qwen3_tts.serving.talker.worker import engine_threads
+
+    assert engine_threads(0, cpus=16, gpus=1) == 4  # at most 4
+    assert engine_threads(0, cpus=6, gpus=2) == 3
+    assert engine_threads(0, cpus=2, gpus=4) == 1  # at least 1
+    assert engine_threads(0, cpus=8, gpus=0) == 4
+    assert engine_threads(12, cpus=2, gpus=4) == 12  # the setting, as given

@@ -132,6 +132,7 @@ class TalkerModelConfig:
     native_batch_buckets: str = default("native_batch_buckets")
     native_kernels: str = default("native_kernels")
     prompt_device: str = default("prompt_device")
+    engine_cpu_threads: int = default("engine_cpu_threads")
     # pipeline fused (serving/talker/fused.py): the codec runs in this model, scheduled by
     # playback deadline with these chunk sizes; codec_max_batch is its largest batch
     pipeline: str = default("pipeline")
@@ -171,6 +172,8 @@ class TalkerModelConfig:
         self.batch_buckets()  # validates native_batch_buckets
         _choice("native_kernels", self.native_kernels, choices("native_kernels"))
         _choice("prompt_device", self.prompt_device, choices("prompt_device"))
+        if not 0 <= self.engine_cpu_threads <= 256:
+            raise ModelConfigError(f"parameter 'engine_cpu_threads' must be in [0, 256], got {self.engine_cpu_threads}")
         _choice("fused_ride_along", self.fused_ride_along, choices("fused_ride_along"))
         if self.native_kernels == "triton" and (self.engine != "native" or self.device == "cpu"):
             raise ModelConfigError("parameter 'native_kernels' triton needs engine native on a gpu")

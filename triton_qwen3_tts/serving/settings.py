@@ -212,6 +212,16 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "engine_cpu_threads",
+        0,
+        "torch's CPU threads in each GPU engine's worker process (its host tensor work, a prompt_device "
+        "cpu projection); 0 = the host's CPUs over the GPUs the server sees, at most 4 (torch's default, "
+        "a thread per core in every worker, keeps idle cores spinning and slows the engines' loops)",
+        lo=0,
+        hi=256,
+        group="talker",
+    ),
+    Setting(
         "native_batch_buckets",
         "",
         "native engine: decode batch sizes with a captured graph, e.g. 1,8,32,64 ('' = the engine's default)",

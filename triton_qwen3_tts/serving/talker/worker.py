@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import queue
 import threading
 import time
@@ -98,7 +99,20 @@ def worker_main(conn, cfg: TalkerModelConfig, name: str, gpu: int = 0) -> None:
         import torch
 
         torch.cuda.set_device(index)
+        torch.set_num_threads(
+            engine_threads(cfg.engine_cpu_threads, len(os.sched_getaffinity(0)), torch.cuda.device_count())
+        )
     asyncio.run(_serve(conn, cfg, name))
+
+
+def engine_threads(setting: int, cpus: int, gpus: int) -> int:
+    """torch's CPU threads for one GPU engine's worker: the ``engine_cpu_threads`` setting, or for
+    0 the ``cpus`` over the ``gpus`` (one worker each), at least 1 and at most 4. Its CPU work is
+    small tensor ops between GPU calls; a team of a thread per core (torch's default) in every
+    worker spins on idle cores after each op, against the loops of the other workers and the tts."""
+    if setting > 0:
+        return setting
+    return max(1, min(4, cpus // max(1, gpus)))
 
 
 def cuda_index(device: str) -> Optional[int]:
