@@ -238,7 +238,7 @@ SETTINGS: Tuple[Setting, ...] = (
     ),
     Setting(
         "fused_ride_along",
-        "schedule",
+        "due",
         "pipeline fused: which streams fill a codec call beside the most urgent ones: 'schedule' = "
         "those with their next scheduled chunk ready; 'due' = also those whose buffer is below "
         "fused_buffer_ms, with a smaller chunk (fewer, fuller calls; more, smaller chunks)",

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from triton_qwen3_tts.serving.codec.batch import bucket
+from triton_qwen3_tts.serving.settings import default
 from triton_qwen3_tts.serving.talker.deadline import FRAME_SECONDS, RIDE_ALONG, DeadlinePolicy, StreamState
 from triton_qwen3_tts.serving.talker.fused import deadline_policy
 from triton_qwen3_tts.tools.bench_metrics import RequestRecord, aggregate
@@ -318,19 +319,23 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-frames", type=int, default=25)
     ap.add_argument("--codec-max-batch", type=int, default=32)
     ap.add_argument("--buffer-ms", type=float, default=400)
-    ap.add_argument("--ride-along", choices=RIDE_ALONG, default="schedule", help="the fused_ride_along setting")
+    ap.add_argument(
+        "--ride-along", choices=RIDE_ALONG, default=default("fused_ride_along"), help="the fused_ride_along setting"
+    )
     ap.add_argument("--seeds", type=int, default=3, help="open loop: arrival seeds averaged")
     ap.add_argument(
         "--calibrate",
         action="store_true",
-        help="model the code of runs 29a/29c (prompts built on the loop) and print their measured figures beside",
+        help="model the code of runs 29a/29c (prompts built on the loop, fused_ride_along schedule) and print "
+        "their measured figures beside",
     )
     ap.add_argument("--prompt-ms", type=float, default=None, help="prompt build time (default: the cost table's)")
     ap.add_argument("--json", help="write the levels here")
     args = ap.parse_args(argv)
     costs = H100_CODEC_COMPILED if args.codec == "compiled" else H100
-    if args.calibrate:
+    if args.calibrate:  # the code of runs 29a/29c: prompts on the loop, ride-alongs by schedule
         costs = replace(costs, prompt_blocking=True)
+        args.ride_along = "schedule"
     if args.prompt_ms is not None:
         costs = replace(costs, prompt_ms=args.prompt_ms)
     policy = _policy(args)

@@ -36,6 +36,8 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from triton_qwen3_tts.serving.settings import default
+
 from triton_qwen3_tts.serving.codec.stateful import (
     ResidentRequest,
     StateCapacityError,
@@ -354,7 +356,7 @@ def deadline_policy(
     chunk_frames: int,
     buffer_ms: float,
     max_batch: int,
-    ride_along: str = "schedule",
+    ride_along: str = default("fused_ride_along"),
 ) -> DeadlinePolicy:
     """The fused pipeline's policy from its settings (``first_chunk_frames``, ``chunk_ramp``,
     ``chunk_frames``, ``fused_buffer_ms``, ``codec_max_batch_size``, ``fused_ride_along``): a
