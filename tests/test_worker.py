@@ -281,3 +281,19 @@ def test_engine_threads_share_the_cpus_between_gpu_workers():
     assert engine_threads(0, cpus=2, gpus=4) == 1  # at least 1
     assert engine_threads(0, cpus=8, gpus=0) == 4
     assert engine_threads(12, cpus=2, gpus=4) == 12  # the setting, as given
+
+
+def test_freeze_heap_moves_the_loaded_objects_out_of_collections():
+    """stub.freeze_heap (end of every model's and worker's load): what is alive then is never walked
+    by a collection again; thaw_heap (teardown) makes it collectable again."""
+    import gc
+
+    from triton_qwen3_tts.serving.stub import freeze_heap, thaw_heap
+
+    loaded = [{"k": i} for i in range(1000)]
+    try:
+        freeze_heap()
+        assert gc.get_freeze_count() >= len(loaded)
+    finally:
+        thaw_heap()
+    assert gc.get_freeze_count() == 0

@@ -1,7 +1,9 @@
 """Process set-up shared by the Triton Python-backend stubs (each ``serving/*/triton.py`` calls
-:func:`prepare_process` first thing in ``initialize``)."""
+:func:`prepare_process` first thing in ``initialize``, and :func:`freeze_heap` last) and the
+engine worker processes."""
 
 import faulthandler
+import gc
 import locale
 
 
@@ -15,6 +17,26 @@ def prepare_process() -> None:
     """
     locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
     faulthandler.enable()
+
+
+def freeze_heap() -> None:
+    """Once a process has loaded (its model, engine, compiled graphs, warm-up): collect, then move
+    every object alive into the garbage collector's permanent generation (``gc.freeze``).
+
+    A full collection walks every tracked object. After imports, torch.compile and a model's load
+    that is hundreds of thousands of them: about 100 ms on the 2-core development machine
+    (218,000 objects after importing the engine and its libraries), taken on whichever thread
+    allocates when the collector runs, in the middle of a stream (run 30: one request in nine at
+    one stream waited 25-70 ms more for its first audio). Frozen objects are never walked again;
+    collections then see only what requests allocate. ``gc.unfreeze`` undoes it (``finalize``)."""
+    gc.collect()
+    gc.freeze()
+
+
+def thaw_heap() -> None:
+    """Before a model's teardown: frozen objects become collectable again, then collect."""
+    gc.unfreeze()
+    gc.collect()
 
 
 def pin_gpu(gpu: int) -> None:

@@ -29,7 +29,7 @@ import triton_python_backend_utils as pb_utils
 
 from triton_qwen3_tts.serving import profiling
 from triton_qwen3_tts.serving.errors import InvalidInput, triton_error
-from triton_qwen3_tts.serving.stub import prepare_process, use_instance_gpu
+from triton_qwen3_tts.serving.stub import freeze_heap, prepare_process, thaw_heap, use_instance_gpu
 from triton_qwen3_tts.serving.codec.batch import check_codes, decode_batched
 from triton_qwen3_tts.serving.codec.runtime import make_codec
 from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
@@ -125,6 +125,7 @@ class StatefulCodecModel:
                 description="Streams whose decoder state the stateful codec holds (state resident)",
             )
             self._live = self._family.Metric(labels={"model": args.get("model_name", "codec_decoder_stateful")})
+        freeze_heap()
 
     def _parse(self, req):
         codes = pb_utils.get_input_tensor_by_name(req, "audio_codes")
@@ -211,6 +212,7 @@ class StatefulCodecModel:
         self.runner = None
         profiling.stop()
         self.sd = None
+        thaw_heap()
 
 
 class CodecDecoderModel:
@@ -224,6 +226,7 @@ class CodecDecoderModel:
         self.codec = make_codec(self.cfg)
         self.codec.warmup()
         self.spf = self.codec.samples_per_frame
+        freeze_heap()
 
     def execute(self, requests):
         responses = [None] * len(requests)
@@ -248,3 +251,4 @@ class CodecDecoderModel:
     def finalize(self):
         self.codec = None
         profiling.stop()
+        thaw_heap()

@@ -19,7 +19,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from triton_qwen3_tts.serving import profiling
-from triton_qwen3_tts.serving.stub import pin_gpu, prepare_process
+from triton_qwen3_tts.serving.stub import freeze_heap, pin_gpu, prepare_process, thaw_heap
 from triton_qwen3_tts.serving.errors import triton_error
 from triton_qwen3_tts.serving.model_config import TalkerModelConfig, parameters_from_model_config
 from triton_qwen3_tts.serving.talker.engines import make_engine, make_frontend
@@ -50,6 +50,7 @@ class TritonPythonModel:
         if self.cfg.warmup:  # readiness means the engine has served a request
             asyncio.run_coroutine_threadsafe(self.service.warmup(), self.loop).result()
         self._init_metrics()
+        freeze_heap()
 
     def _init_metrics(self):
         M = pb_utils.MetricFamily
@@ -125,3 +126,4 @@ class TritonPythonModel:
             self._responses = None
             self._families.clear()
             profiling.stop()
+            thaw_heap()

@@ -42,6 +42,7 @@ from triton_qwen3_tts.serving.faults import PeerDied
 from triton_qwen3_tts.serving.model_config import TalkerModelConfig
 from triton_qwen3_tts.serving.stub_procs import WORKER_COMM_PREFIX, Stub
 from triton_qwen3_tts.serving.talker.service import lane_snapshot
+from triton_qwen3_tts.serving.stub import freeze_heap
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +195,7 @@ async def _serve(conn, cfg: TalkerModelConfig, name: str) -> None:
             await asyncio.sleep(SNAPSHOT_INTERVAL_S)
             send(("snapshot", lane_snapshot(svc)))
 
+    freeze_heap()  # loaded and warmed up: full collections walk only what requests allocate
     send(("snapshot", lane_snapshot(svc)))  # the warm-up's counts: the tts's baseline
     send(("ready", {"device": cfg.device, "load_s": round(time.perf_counter() - t0, 1)}))
     pusher = asyncio.create_task(snapshots())

@@ -13,7 +13,6 @@ the codec in its loop, on its own event loop (``_start_engine``) and streams its
 
 import asyncio
 import collections
-import gc
 import json
 import os
 import threading
@@ -25,7 +24,7 @@ import triton_python_backend_utils as pb_utils
 
 from triton_qwen3_tts.model.checkpoint import load_generation_defaults
 from triton_qwen3_tts.serving import profiling
-from triton_qwen3_tts.serving.stub import prepare_process
+from triton_qwen3_tts.serving.stub import freeze_heap, prepare_process, thaw_heap
 from triton_qwen3_tts.serving.stub_procs import StubWatch
 from triton_qwen3_tts.model.config import Qwen3TTSConfig
 from triton_qwen3_tts.serving.model_config import ENGINE_PREFIX, TtsModelConfig, parameters_from_model_config
@@ -475,6 +474,7 @@ class TritonPythonModel:
             for key in ("frames", "infl", "routed"):
                 self._lane_metric(key, gpu)
         self._watchdog = asyncio.run_coroutine_threadsafe(self.service.watchdog(), self.loop)
+        freeze_heap()
 
     def _start_engines(self, engine_params):
         """Pipeline fused: start the native engine with the codec in its loop, one per device of
@@ -690,5 +690,5 @@ class TritonPythonModel:
         self.peers = None
         self._metrics.clear()  # metrics before their families
         self._families.clear()
-        gc.collect()
+        thaw_heap()
         profiling.stop()
