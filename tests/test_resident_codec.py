@@ -154,11 +154,11 @@ def test_parse_resident_request_ok():
 # run_resident_batch with the tiny decoder
 
 
-def _interleaved(sd, dec, size, step_fn):
+def _interleaved(sd, dec, size, step_fn, pool=None):
     """Three streams with different chunk plans, sent as batches of one request per live stream."""
     streams = [codes_of(24, i, size) for i in range(3)]
     plans = [[2, 4, 8, 10], [2, 4, 8, 10], [4, 2, 10, 8]]
-    pool = StatePool(sd, 4)
+    pool = StatePool(sd, 4) if pool is None else pool
     outs, pos = [[] for _ in streams], [0, 0, 0]
     for k in range(4):
         batch = []
@@ -201,6 +201,33 @@ def test_run_resident_batch_through_the_graph_runner_padding_path(tiny):
     runner = StatefulGraphRunner(sd, torch.device("cpu"), torch.float32, (1, 4), (2, 4, 8, 10), capture=False)
     _interleaved(sd, dec, size, lambda batch, pool: run_resident_batch(batch, pool, runner))
     assert runner.graph_calls > 0 and runner.eager_calls == 0
+
+
+def test_graph_runner_moves_pool_state_in_one_copy_each_way(tiny):
+    """run_resident_batch steps a graph runner through ``step_pool``: on a graph slot the pool's
+    rows go into the runner's flat static input in one gather and come back from its flat output
+    in one scatter (the pool's per-name ``gather``/``scatter`` never run), exactly as the eager
+    decode of the whole streams. A frame count outside the runner's buckets (split into graph
+    steps) still goes through the pool's gather and scatter."""
+    from triton_qwen3_tts.serving.codec.graphs import StatefulGraphRunner
+
+    dec, sd, size = tiny
+    runner = StatefulGraphRunner(sd, torch.device("cpu"), torch.float32, (1, 4), (2, 4, 8, 10), capture=False)
+    per_name = []
+
+    class CountingPool(StatePool):
+        def gather(self, slots, idx=None):
+            per_name.append("gather")
+            return super().gather(slots, idx)
+
+        def scatter(self, slots, state, idx=None):
+            per_name.append("scatter")
+            return super().scatter(slots, state, idx)
+
+    _interleaved(sd, dec, size, lambda batch, pool: run_resident_batch(batch, pool, runner), CountingPool(sd, 4))
+    assert per_name == [] and runner.graph_calls > 0
+    (res,) = run_resident_batch([req(7, codes_of(6, 0, size), start=True, end=True)], CountingPool(sd, 2), runner)
+    assert res.shape == (6 * SPF,) and per_name == ["gather", "scatter"] and runner.split_calls == 1
 
 
 def test_run_resident_batch_errors_do_not_touch_other_streams(tiny):

@@ -14,11 +14,17 @@ the decoder. It keeps one CUDA graph per (batch bucket, T):
 * Rows are padded up to the smallest batch bucket that fits, with zero codes and **zero state**
   (a fresh stream at position 0): rows are independent, so padding rows change no real row.
 * Static buffers: per (bucket, T) the codes ``[bb, T, 16]``; the state input and the new-state
-  output are ONE set of buffers of the largest bucket, each graph using the leading ``bb`` rows
-  (views of dim 0 stay contiguous). The graph's last kernels copy the new state into the output
-  set, so the state outputs cost no memory per graph. A call copies its codes and state into the
-  static inputs (zeroing the padding rows), replays, and **clones** the real rows of the audio and
-  the new state out (the next replay of any graph overwrites the shared buffers).
+  output are ONE set of buffers of the largest bucket, each graph using the leading ``bb`` rows.
+  Each set is one float tensor ``[largest bucket, F]`` (every float state a fixed column range,
+  :func:`flat_state_layout`, the layout of the resident state pool) and ``pos`` ``[largest
+  bucket]``; the graphs see per-name views of it. The graph's last kernels copy the new state into
+  the output set, so the state outputs cost no memory per graph. :meth:`StatefulGraphRunner.step`
+  copies its codes and state into the static inputs (zeroing the padding rows), replays, and
+  **clones** the real rows of the audio and the new state out (the next replay of any graph
+  overwrites the shared buffers). :meth:`StatefulGraphRunner.step_pool`, for states held in a
+  :class:`~triton_qwen3_tts.serving.codec.stateful.StatePool` of the same layout, moves a batch's
+  state with one gather into the input set and one scatter from the output set: a handful of
+  kernel launches per call whatever the number of state tensors, instead of several per tensor.
 * Graphs share one memory pool and are captured at warm-up (``warmup()``, from the model's
   ``initialize``), each after two eager runs on a side stream, as
   :class:`~triton_qwen3_tts.serving.codec.runtime.TorchCodec` does.
@@ -34,9 +40,11 @@ Memory on the real decoder (fp32, 5.2 MB of state per row): the state buffers ar
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from triton_qwen3_tts.serving.codec.batch import bucket
+
+POS_NAME = "pos"  # the decoder's int64 position state (model/stateful_codec.py)
 
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # as serving/codec/runtime.py's DEFAULT_BATCH_BUCKETS
 
@@ -58,6 +66,40 @@ def graph_key(
     if rows < 1 or frames not in tuple(frame_buckets) or not batch_buckets or rows > batch_buckets[-1]:
         return None
     return bucket(rows, batch_buckets), int(frames)
+
+
+def flat_state_layout(sd) -> Tuple[List[str], "OrderedDict[str, Tuple[int, int, Tuple[int, ...]]]", int]:
+    """How one row of a stateful decoder's float state lies in one flat tensor: ``(names,
+    layout, row_numel)``, ``layout`` float name -> ``(offset, numel, shape)`` in ``state_names()``
+    order, ``pos`` left out (it is int64, kept apart). The resident state pool and the graph
+    runner's static buffers share it, so a batch's rows move between them in one copy."""
+    import math
+
+    shapes = sd.state_shapes(1)
+    names = list(sd.state_names())
+    layout: "OrderedDict[str, Tuple[int, int, Tuple[int, ...]]]" = OrderedDict()
+    off = 0
+    for n in names:
+        if n == POS_NAME:
+            continue
+        shape = tuple(shapes[n][1:])
+        numel = math.prod(shape)
+        layout[n] = (off, numel, shape)
+        off += numel
+    return names, layout, off
+
+
+def flat_state_views(flat, pos, names: Sequence[str], layout) -> "OrderedDict[str, object]":
+    """Per-name views ``[rows, *shape]`` of a flat state ``flat`` ``[rows, F]`` and ``pos`` ``[rows]``."""
+    rows = flat.shape[0]
+    out: "OrderedDict[str, object]" = OrderedDict()
+    for n in names:
+        if n == POS_NAME:
+            out[n] = pos
+        else:
+            off, numel, shape = layout[n]
+            out[n] = flat[:, off : off + numel].view((rows,) + shape)
+    return out
 
 
 def split_frames(frames: int, frame_buckets: Sequence[int]) -> Optional[Tuple[int, ...]]:
@@ -177,11 +219,12 @@ class StatefulGraphRunner:
         self.capture = bool(capture)
         if self.capture and self.device.type != "cuda":
             raise ValueError("CUDA graphs need a CUDA device; use capture=False (or the decoder itself) on CPU")
-        self.names = list(sd.state_names())
+        self.names, self.layout, self.row_numel = flat_state_layout(sd)
         self.samples_per_frame = getattr(sd, "samples_per_frame", 1920)
         self._slots: Dict[Tuple[int, int], _Slot] = {}
-        self._in = None  # name -> [max bucket, ...] static state input
-        self._out = None  # name -> [max bucket, ...] static new-state output
+        self._in = None  # name -> [max bucket, ...] static state input (views of _flat_in, _pos_in)
+        self._out = None  # name -> [max bucket, ...] static new-state output (views of _flat_out, _pos_out)
+        self._flat_in = self._pos_in = self._flat_out = self._pos_out = None
         self._pool = None
         self.compile = bool(compile)
         if self.compile:  # no batch of 1 reaches the compiled step: it pads into the 2-row slot
@@ -205,9 +248,13 @@ class StatefulGraphRunner:
 
     def _buffers(self):
         if self._in is None:
+            torch = self.torch
             top = self.batch_buckets[-1]
-            self._in = self.sd.init_state(top, self.device, self.dtype)
-            self._out = self.sd.init_state(top, self.device, self.dtype)
+            flat = lambda: torch.zeros((top, self.row_numel), device=self.device, dtype=self.dtype)  # noqa: E731
+            pos = lambda: torch.zeros((top,), device=self.device, dtype=torch.int64)  # noqa: E731
+            self._flat_in, self._pos_in, self._flat_out, self._pos_out = flat(), pos(), flat(), pos()
+            self._in = flat_state_views(self._flat_in, self._pos_in, self.names, self.layout)
+            self._out = flat_state_views(self._flat_out, self._pos_out, self.names, self.layout)
         return self._in, self._out
 
     def _body(self, slot: _Slot):
@@ -301,6 +348,39 @@ class StatefulGraphRunner:
                 slot.audio = audio
             self.graph_calls += 1
             return audio[:b].clone(), slice_state(slot.state_out, b, self.names)
+
+    def step_pool(self, codes, pool, rows: Sequence[int], idx):
+        """:meth:`step` for streams whose state a :class:`~triton_qwen3_tts.serving.codec.stateful.StatePool`
+        holds: reads the ``rows`` (slots; ``idx`` their :meth:`StatePool.index`), decodes
+        ``codes`` ``[b, T, 16]`` and writes the new state back. Returns the audio ``[b, T*spf]``, a
+        new tensor. On a graph slot and a pool of this runner's layout and dtype, the state moves
+        with one gather into the static input and one scatter from the static output (and one of
+        each for ``pos``); otherwise through :meth:`step` and the pool's gather and scatter."""
+        torch = self.torch
+        b, t = int(codes.shape[0]), int(codes.shape[1])
+        key = graph_key(b, t, self.batch_buckets, self.frame_buckets)
+        if key is None or pool.row_numel != self.row_numel or pool.buf.dtype != self.dtype:
+            audio, new = self.step(codes, pool.gather(rows, idx))
+            pool.scatter(rows, new, idx)
+            return audio
+        slot = self._slot(*key)
+        with torch.inference_mode():
+            stage_rows(slot.codes, codes)
+            torch.index_select(pool.buf, 0, idx, out=self._flat_in[:b])
+            torch.index_select(pool.pos, 0, idx, out=self._pos_in[:b])
+            if b < key[0]:  # padding rows: zero state, a fresh stream
+                self._flat_in[b : key[0]].zero_()
+                self._pos_in[b : key[0]].zero_()
+            if slot.graph is not None:
+                slot.graph.replay()
+                audio = slot.audio
+            else:
+                audio = self._body(slot)
+                slot.audio = audio
+            pool.buf.index_copy_(0, idx, self._flat_out[:b])
+            pool.pos.index_copy_(0, idx, self._pos_out[:b])
+            self.graph_calls += 1
+            return audio[:b].clone()
 
 
 def warm_stateful_codec(

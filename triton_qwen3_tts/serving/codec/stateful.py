@@ -29,7 +29,6 @@ The tts side of a stream is :mod:`triton_qwen3_tts.serving.tts.codec_session`.
 
 from __future__ import annotations
 
-import math
 import secrets
 import time
 from collections import OrderedDict
@@ -38,10 +37,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from triton_qwen3_tts.serving.codec.graphs import POS_NAME, flat_state_layout
 from triton_qwen3_tts.serving.faults import Unavailable
 
 NUM_QUANTIZERS = 16
-POS_NAME = "pos"
 
 _TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
 
@@ -344,17 +343,10 @@ class StatePool:
         self.capacity = int(capacity)
         self.idle_timeout_s = float(idle_timeout_s)
         self.clock = clock
-        shapes = sd.state_shapes(1)
-        self.names = list(sd.state_names())
+        # name -> (offset, numel, shape): the graph runner's static buffers have the same layout
+        self.names, self.layout, self.row_numel = flat_state_layout(sd)
         self.float_names = [n for n in self.names if n != POS_NAME]
-        self.layout: Dict[str, Tuple[int, int, Tuple[int, ...]]] = {}  # name -> (offset, numel, shape)
-        off = 0
-        for n in self.float_names:
-            shape = tuple(shapes[n][1:])
-            numel = math.prod(shape)
-            self.layout[n] = (off, numel, shape)
-            off += numel
-        self.row_numel = off
+        off = self.row_numel
         self.buf = torch.zeros((self.capacity, off), device=device, dtype=dtype or torch.float32)
         self.pos = torch.zeros((self.capacity,), device=device, dtype=torch.int64)
         self._free = list(range(self.capacity - 1, -1, -1))  # pop() gives slot 0 first
@@ -550,12 +542,14 @@ def run_resident_batch(
                 codes = torch.cat([requests[i].codes for i in part])
                 rows = [slots[i] for i in part]
                 idx = pool.index(rows)
-                state = pool.gather(rows, idx)
                 with torch.inference_mode():
-                    audio, new = sd.step(codes, state)
+                    if hasattr(sd, "step_pool"):  # a graph runner: the state moves in one copy each way
+                        audio = sd.step_pool(codes, pool, rows, idx)
+                    else:
+                        audio, new = sd.step(codes, pool.gather(rows, idx))
+                        pool.scatter(rows, new, idx)
                 if audio.dim() != 2 or audio.shape[0] != len(part) or audio.shape[1] % t:
                     raise RuntimeError(f"decoder returned audio {list(audio.shape)} for {len(part)} rows of {t} frames")
-                pool.scatter(rows, new, idx)
                 audio = audio.float().cpu()
                 for k, i in enumerate(part):
                     out[i] = audio[k]
