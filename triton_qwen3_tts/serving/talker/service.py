@@ -181,19 +181,32 @@ class TalkerService:
                 except Exception:  # noqa: BLE001
                     log.exception("engine abort of %s failed", request_id)
 
+    # The warm-up's texts: a short one, and one of about 300 characters, so that a long text's
+    # first request does not pay for what only long prompts use the first time (on the H100 the
+    # first request of a 300-character text waited 64-99 ms for first audio against 25-35 for
+    # every other request, its second one 27 ms: run 30, docs/benchmark-history.md).
+    WARMUP_TEXTS = (
+        "warm up",
+        "Once upon a time, in a small village at the edge of a great forest, there lived an old "
+        "clockmaker who spent his days repairing watches for travellers. One winter evening a stranger "
+        "knocked on his door, carrying a clock that had not ticked for a hundred years.",
+    )
+
     async def warmup(self) -> None:
-        """Serve one short greedy request, so readiness means the engine has served one."""
-        inputs = {
-            "text": np.array([b"warm up"], dtype=object),
-            "max_frames": np.array([2], np.int32),
-            "temperature": np.array([0.0], np.float32),
-        }
-        if self.frontend.config.task_type == "VoiceDesign":
-            inputs["instruct"] = np.array([b"a calm voice"], dtype=object)
-        if self.frontend.config.task_type == "Base":
-            inputs["speaker_embedding"] = np.zeros(self.frontend.config.talker.hidden_size, np.float32)
-        async for _ in self.stream(f"warmup-{uuid.uuid4().hex[:8]}", inputs):
-            pass
+        """Serve one short and one long greedy request of two frames each, so readiness means the
+        engine has served requests (``WARMUP_TEXTS``)."""
+        for text in self.WARMUP_TEXTS:
+            inputs = {
+                "text": np.array([text.encode()], dtype=object),
+                "max_frames": np.array([2], np.int32),
+                "temperature": np.array([0.0], np.float32),
+            }
+            if self.frontend.config.task_type == "VoiceDesign":
+                inputs["instruct"] = np.array([b"a calm voice"], dtype=object)
+            if self.frontend.config.task_type == "Base":
+                inputs["speaker_embedding"] = np.zeros(self.frontend.config.talker.hidden_size, np.float32)
+            async for _ in self.stream(f"warmup-{uuid.uuid4().hex[:8]}", inputs):
+                pass
 
     async def abort(self, request_id: str) -> bool:
         """Abort a live request by id (the tts model's explicit abort). True if it was live."""
