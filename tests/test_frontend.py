@@ -12,9 +12,11 @@ from triton_qwen3_tts.model.prompt import PromptRequest
 
 
 def _request(fe):
-    return fe.validate(
-        PromptRequest(task_type=fe.config.task_type, text="Hello there, how are you?", speaker=fe.config.speakers[0])
-    )
+    return _request_text(fe, "Hello there, how are you?")
+
+
+def _request_text(fe, text):
+    return fe.validate(PromptRequest(task_type=fe.config.task_type, text=text, speaker=fe.config.speakers[0]))
 
 
 def test_cpu_projection_keeps_no_stream(tiny_checkpoint):
@@ -35,6 +37,64 @@ def test_gpu_projection_matches_cpu(tiny_checkpoint):
     torch.testing.assert_close(b.prompt_embeds, a.prompt_embeds, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(b.trailing, a.trailing, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(gpu._tts_pad, cpu._tts_pad, rtol=1e-4, atol=1e-5)
+
+
+def test_gpu_projection_pads_rows_to_a_few_shapes():
+    from triton_qwen3_tts.model.frontend import padded_rows
+
+    assert [padded_rows(n) for n in (0, 1, 16, 17, 32, 33, 500, 1024, 1025)] == [
+        16,
+        16,
+        16,
+        32,
+        32,
+        64,
+        512,
+        1024,
+        2048,
+    ]
+    assert padded_rows(3, least=1) == 4 and padded_rows(1, least=1) == 1
+
+
+def test_the_gpu_projections_padding_and_warm_up_run_on_the_cpu(tiny_checkpoint, monkeypatch):
+    """The GPU path's host logic (rows padded to a power of two, sliced back, shapes kept; the
+    load's warm-up of every padded size) with the stream swapped for the CPU: the same rows as
+    the plain CPU projection."""
+    import contextlib
+    from types import SimpleNamespace
+
+    fe = PromptFrontend(str(tiny_checkpoint), project_device="cpu")
+    text = "Once upon a time, in a small village at the edge of a great forest, there lived a clockmaker. " * 3
+    plain = fe.build(_request_text(fe, text))
+    shapes = []
+    proj = fe.embedder.text_projection
+    proj.register_forward_hook(lambda m, inp, out: shapes.append(tuple(inp[0].shape)))
+    synced = []
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    fe.embedder._stream = SimpleNamespace(device=torch.device("cpu"), synchronize=lambda: synced.append(1))
+    fe.embedder.WARM_ROWS = 64
+    fe.embedder._warm()
+    d = proj.linear_fc1.in_features
+    assert shapes == [(16, d), (32, d), (64, d)] and synced == [1]
+    shapes.clear()
+    padded = fe.build(_request_text(fe, text))
+    assert all(n in (16, 32, 64, 128) for n, _ in shapes) and max(n for n, _ in shapes) > 16
+    torch.testing.assert_close(padded.prompt_embeds, plain.prompt_embeds, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(padded.trailing, plain.trailing, rtol=1e-5, atol=1e-6)
+    one = fe.embedder.embed_text(torch.tensor(5))  # a 0-d id keeps its shape
+    assert one.shape == (proj.linear_fc2.out_features,)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (prompt_device auto projects there)")
+def test_gpu_projection_of_a_long_text_matches_cpu(tiny_checkpoint):
+    """A text longer than the smallest padded size: the padding rows never reach the prompt."""
+    cpu = PromptFrontend(str(tiny_checkpoint), project_device="cpu")
+    gpu = PromptFrontend(str(tiny_checkpoint), project_device="cuda")
+    text = "Once upon a time, in a small village at the edge of a great forest, there lived a clockmaker. " * 3
+    a, b = cpu.build(_request_text(cpu, text)), gpu.build(_request_text(gpu, text))
+    assert b.trailing.shape == a.trailing.shape and a.trailing.shape[0] > 16
+    torch.testing.assert_close(b.prompt_embeds, a.prompt_embeds, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(b.trailing, a.trailing, rtol=1e-4, atol=1e-5)
 
 
 def test_prompt_timing_script_runs(tiny_checkpoint, capsys):

@@ -65,23 +65,49 @@ class PromptEmbedder(nn.Module):
         return m
 
     _stream = None  # set by project_on: the side stream of a GPU projection
+    # GPU projection: rows padded to a power of two, at least this many, and every such size up to
+    # WARM_ROWS projected once at load
+    MIN_ROWS, WARM_ROWS = 16, 2048
 
     def project_on(self, device) -> "PromptEmbedder":
-        """Run the text projection on ``device`` (a GPU; the tables stay on the CPU)."""
+        """Run the text projection on ``device`` (a GPU; the tables stay on the CPU).
+
+        On the GPU each call's rows are padded to a power of two (:func:`padded_rows`), and every
+        such size up to ``WARM_ROWS`` is projected once here: cuBLAS picks a kernel per shape, and a
+        kernel's first launch loads it (CUDA loads modules lazily), which on the H100 delayed a
+        request's first audio by 40-140 ms the first time a text of a new length came (run 30,
+        docs/benchmark-history.md). With few shapes, all seen at load, no request pays for that."""
         device = torch.device(device)
         if device.type != "cpu":
             self.text_projection.to(device)
             self._stream = torch.cuda.Stream(device=device, priority=-1)
+            self._warm()
         return self
+
+    def _warm(self) -> None:
+        """Project zero rows of every padded size up to ``WARM_ROWS`` on the side stream."""
+        w = self.text_projection.linear_fc1.weight
+        with torch.inference_mode(), torch.cuda.stream(self._stream):
+            m = self.MIN_ROWS
+            while m <= self.WARM_ROWS:
+                self.text_projection(torch.zeros((m, w.shape[1]), device=w.device, dtype=w.dtype))
+                m *= 2
+            self._stream.synchronize()
 
     def embed_text(self, ids):
         x = self.text_embedding(torch.as_tensor(ids, dtype=torch.long))
         if self._stream is None:
             return self.text_projection(x)
+        lead, d = x.shape[:-1], x.shape[-1]
+        x = x.reshape(-1, d)
+        n = x.shape[0]
+        xp = torch.zeros((padded_rows(n, self.MIN_ROWS), d), dtype=x.dtype)
+        xp[:n] = x
         # the stream's context also makes its device current in this thread (prompt threads start
         # on device 0); the blocking copy back waits for this stream's work alone
         with torch.cuda.stream(self._stream):
-            return self.text_projection(x.to(self._stream.device)).cpu()
+            y = self.text_projection(xp.to(self._stream.device))[:n].cpu()
+        return y.reshape(*lead, y.shape[-1])
 
     def embed_codec(self, ids):
         return self.codec_embedding(torch.as_tensor(ids, dtype=torch.long))
@@ -92,6 +118,11 @@ class PromptEmbedder(nn.Module):
         for j, emb in enumerate(self.residual_embeddings):
             out = out + emb(codes[..., j + 1])
         return out
+
+
+def padded_rows(n: int, least: int = 16) -> int:
+    """``n`` rows rounded up to a power of two, at least ``least`` (the GPU projection's shapes)."""
+    return max(least, 1 << max(0, n - 1).bit_length())
 
 
 def load_prompt_embedder(checkpoint_dir: str, config: Qwen3TTSConfig, dtype=torch.float32) -> PromptEmbedder:
