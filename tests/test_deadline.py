@@ -170,6 +170,13 @@ def test_ride_along_due_takes_streams_below_their_buffer_with_a_smaller_chunk():
     # first chunks never take ride-alongs
     first = [StreamState(9, t_submit=6.9, pending=1), playing(2, now, slack=0.3, pending=8, chunks=5)]
     assert policy(ride_along="due").pick(first, now, talker_busy=True).sids == (9,)
+    # nor does a stream finishing with fewer frames than half the others' scheduled chunks: its
+    # one frame must not cut every stream below target down to one-frame chunks
+    ending = [playing(7, now, slack=0.05, pending=1, chunks=5)]
+    ending[0].talker_done = True
+    ending += [playing(10 + i, now, slack=0.2, pending=20, chunks=5) for i in range(4)]
+    b = policy(ride_along="due").pick(ending, now, talker_busy=True)
+    assert b.frames == 1 and b.sids == (7,)
 
 
 def test_settings_are_checked():

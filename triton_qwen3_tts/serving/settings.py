@@ -241,7 +241,8 @@ SETTINGS: Tuple[Setting, ...] = (
         "due",
         "pipeline fused: which streams fill a codec call beside the most urgent ones: 'schedule' = "
         "those with their next scheduled chunk ready; 'due' = also those whose buffer is below "
-        "fused_buffer_ms, with a smaller chunk (fewer, fuller calls; more, smaller chunks)",
+        "fused_buffer_ms, with a chunk of at least half their scheduled one (fewer, fuller calls; more, "
+        "smaller chunks)",
         choices=RIDE_ALONG,
         group="talker",
     ),

@@ -36,9 +36,11 @@ most urgent first, then (filling the batch) **ride-alongs**, least slack first; 
 * ``schedule``: a stream with at least the batch's frames pending whose schedule's next chunk is
   no larger than that (it would be decoded in a call of its own soon anyway);
 * ``due``: those, and any other stream with at least the batch's frames pending whose buffer is
-  below target (slack under ``buffer_s``): it gets a smaller chunk than its schedule's, in a call
-  that runs anyway, instead of a call of its own later. Fewer, fuller codec calls (each costs a
-  few ms however few streams it has), at the price of more, smaller chunks.
+  below target (slack under ``buffer_s``), if the batch's frames are at least half its
+  schedule's next chunk: it gets a smaller chunk than its schedule's, in a call that runs anyway,
+  instead of a call of its own later. Fewer, fuller codec calls (each costs a few ms however few
+  streams it has), at the price of more chunks, none below half their scheduled size (a stream
+  finishing with one frame left does not take every other stream's next frame along).
 """
 
 from __future__ import annotations
@@ -184,7 +186,11 @@ class DeadlinePolicy:
                 and self.fit(s.pending) >= frames
                 and (
                     frames >= self.fit(self.chunk_size(s.chunks))
-                    or (self.ride_along == "due" and s.slack(now) < self.buffer_s)
+                    or (
+                        self.ride_along == "due"
+                        and s.slack(now) < self.buffer_s
+                        and 2 * frames >= self.fit(self.chunk_size(s.chunks))
+                    )
                 )
             ]
             extra.sort(key=lambda s: s.slack(now))
