@@ -71,6 +71,7 @@ def test_the_gpu_projections_padding_and_warm_up_run_on_the_cpu(tiny_checkpoint,
     proj.register_forward_hook(lambda m, inp, out: shapes.append(tuple(inp[0].shape)))
     synced = []
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     fe.embedder._stream = SimpleNamespace(device=torch.device("cpu"), synchronize=lambda: synced.append(1))
     fe.embedder.WARM_ROWS = 64
     fe.embedder._warm()
@@ -110,3 +111,25 @@ def test_prompt_timing_script_runs(tiny_checkpoint, capsys):
     out = capsys.readouterr().out
     assert "torch threads 1; ms per build over 5 builds" in out
     assert out.count("median") == (2 if torch.cuda.is_available() else 1)
+
+
+def test_warm_up_projects_on_every_prompt_thread(tiny_checkpoint):
+    """TalkerService's warm-up runs a projection on each of its prompt threads (the barrier makes
+    the pool start them all), before its requests."""
+    import asyncio
+    import threading
+
+    from triton_qwen3_tts.serving.talker.service import TalkerService
+
+    fe = PromptFrontend(str(tiny_checkpoint), project_device="cpu")
+    threads = set()
+    real = fe.embedder.embed_text
+
+    def spy(ids):
+        threads.add(threading.current_thread().name)
+        return real(ids)
+
+    fe.embedder.embed_text = spy
+    svc = TalkerService(fe, engine=None)
+    asyncio.run(svc._warm_prompt_threads())
+    assert len(threads) == TalkerService.PROMPT_THREADS and all(t.startswith("talker-prompt") for t in threads)

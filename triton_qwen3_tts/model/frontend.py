@@ -87,7 +87,7 @@ class PromptEmbedder(nn.Module):
     def _warm(self) -> None:
         """Project zero rows of every padded size up to ``WARM_ROWS`` on the side stream."""
         w = self.text_projection.linear_fc1.weight
-        with torch.inference_mode(), torch.cuda.stream(self._stream):
+        with torch.inference_mode(), torch.cuda.device(self._stream.device), torch.cuda.stream(self._stream):
             m = self.MIN_ROWS
             while m <= self.WARM_ROWS:
                 self.text_projection(torch.zeros((m, w.shape[1]), device=w.device, dtype=w.dtype))
@@ -103,9 +103,10 @@ class PromptEmbedder(nn.Module):
         n = x.shape[0]
         xp = torch.zeros((padded_rows(n, self.MIN_ROWS), d), dtype=x.dtype)
         xp[:n] = x
-        # the stream's context also makes its device current in this thread (prompt threads start
-        # on device 0); the blocking copy back waits for this stream's work alone
-        with torch.cuda.stream(self._stream):
+        # the projection's device is made current for the call (prompt threads start on device 0:
+        # leaving the stream alone would switch back to device 0 eagerly and open a CUDA context
+        # there from every other GPU's worker); the blocking copy back waits for this stream alone
+        with torch.cuda.device(self._stream.device), torch.cuda.stream(self._stream):
             y = self.text_projection(xp.to(self._stream.device))[:n].cpu()
         return y.reshape(*lead, y.shape[-1])
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -193,8 +194,10 @@ class TalkerService:
     )
 
     async def warmup(self) -> None:
-        """Serve one short and one long greedy request of two frames each, so readiness means the
-        engine has served requests (``WARMUP_TEXTS``)."""
+        """Project a text row on every prompt thread at once (each thread's first projection on a
+        GPU makes its cuBLAS handle), then serve one short and one long greedy request of two
+        frames each (``WARMUP_TEXTS``), so readiness means the engine has served requests."""
+        await self._warm_prompt_threads()
         for text in self.WARMUP_TEXTS:
             inputs = {
                 "text": np.array([text.encode()], dtype=object),
@@ -207,6 +210,23 @@ class TalkerService:
                 inputs["speaker_embedding"] = np.zeros(self.frontend.config.talker.hidden_size, np.float32)
             async for _ in self.stream(f"warmup-{uuid.uuid4().hex[:8]}", inputs):
                 pass
+
+    async def _warm_prompt_threads(self) -> None:
+        embedder = getattr(self.frontend, "embedder", None)
+        if embedder is None:
+            return
+        barrier = threading.Barrier(self.PROMPT_THREADS)
+        pad = [self.frontend.config.tts_pad_token_id]
+
+        def project() -> None:
+            import torch
+
+            barrier.wait(timeout=60)  # every job on a thread of its own: the pool starts them all
+            with torch.inference_mode():
+                embedder.embed_text(pad)
+
+        loop = asyncio.get_running_loop()
+        await asyncio.gather(*(loop.run_in_executor(self._prompts, project) for _ in range(self.PROMPT_THREADS)))
 
     async def abort(self, request_id: str) -> bool:
         """Abort a live request by id (the tts model's explicit abort). True if it was live."""
