@@ -502,3 +502,28 @@ def test_repository_resident_codec(tiny_checkpoint, tmp_path):
                 ),
                 str(tmp_path / "bad"),
             )
+
+
+def test_a_bad_decode_leaves_the_pool_state_as_it_was(tiny):
+    """Audio of the wrong shape fails its requests before any state is stored (graph runner and
+    eager decoder alike): the streams' states and positions stay where they were."""
+    from triton_qwen3_tts.serving.codec.graphs import StatefulGraphRunner
+
+    dec, sd, size = tiny
+    runner = StatefulGraphRunner(sd, torch.device("cpu"), torch.float32, (1, 4), (2, 4), capture=False)
+
+    class Short:  # the decoder's step, returning one sample too few
+        def step(self, codes, state):
+            audio, new = sd.step(codes, state)
+            return audio[:, :-1], new
+
+    real_body = runner._body
+    runner._body = lambda slot: real_body(slot)[:, :-1]
+    for codec in (runner, Short()):
+        pool = StatePool(sd, 2)
+        (ok,) = run_resident_batch([req(1, codes_of(2, 0, size), start=True)], pool, sd)  # a good first chunk
+        assert ok.shape == (2 * SPF,)
+        buf, pos = pool.buf.clone(), pool.pos.clone()
+        (res,) = run_resident_batch([req(1, codes_of(2, 1, size))], pool, codec)
+        assert isinstance(res, RuntimeError) and "decoder returned audio" in str(res)
+        assert torch.equal(pool.buf, buf) and torch.equal(pool.pos, pos)

@@ -349,18 +349,22 @@ class StatefulGraphRunner:
             self.graph_calls += 1
             return audio[:b].clone(), slice_state(slot.state_out, b, self.names)
 
-    def step_pool(self, codes, pool, rows: Sequence[int], idx):
+    def step_pool(self, codes, pool, rows: Sequence[int], idx, check=None):
         """:meth:`step` for streams whose state a :class:`~triton_qwen3_tts.serving.codec.stateful.StatePool`
         holds: reads the ``rows`` (slots; ``idx`` their :meth:`StatePool.index`), decodes
         ``codes`` ``[b, T, 16]`` and writes the new state back. Returns the audio ``[b, T*spf]``, a
         new tensor. On a graph slot and a pool of this runner's layout and dtype, the state moves
         with one gather into the static input and one scatter from the static output (and one of
-        each for ``pos``); otherwise through :meth:`step` and the pool's gather and scatter."""
+        each for ``pos``); otherwise through :meth:`step` and the pool's gather and scatter.
+        ``check(audio, rows, frames)``, if given, runs before the state is written back (it
+        raises to leave the streams' states as they were)."""
         torch = self.torch
         b, t = int(codes.shape[0]), int(codes.shape[1])
         key = graph_key(b, t, self.batch_buckets, self.frame_buckets)
         if key is None or pool.row_numel != self.row_numel or pool.buf.dtype != self.dtype:
             audio, new = self.step(codes, pool.gather(rows, idx))
+            if check is not None:
+                check(audio, b, t)
             pool.scatter(rows, new, idx)
             return audio
         slot = self._slot(*key)
@@ -377,6 +381,8 @@ class StatefulGraphRunner:
             else:
                 audio = self._body(slot)
                 slot.audio = audio
+            if check is not None:
+                check(audio[:b], b, t)
             pool.buf.index_copy_(0, idx, self._flat_out[:b])
             pool.pos.index_copy_(0, idx, self._pos_out[:b])
             self.graph_calls += 1

@@ -496,6 +496,13 @@ def parse_resident_request(
     return ResidentRequest(int(sid[0]), to_device_async(c.to(torch.int64), device), s, e)
 
 
+def _check_audio(audio, rows: int, frames: int) -> None:
+    """The decoder's audio is ``[rows, frames * samples per frame]``; else RuntimeError (before
+    any state is stored: the streams' states stay where they were)."""
+    if audio.dim() != 2 or audio.shape[0] != rows or audio.shape[1] % frames:
+        raise RuntimeError(f"decoder returned audio {list(audio.shape)} for {rows} rows of {frames} frames")
+
+
 def run_resident_batch(
     requests: Sequence[ResidentRequest], pool: StatePool, sd, max_batch: Optional[int] = None
 ) -> List[Any]:
@@ -544,12 +551,11 @@ def run_resident_batch(
                 idx = pool.index(rows)
                 with torch.inference_mode():
                     if hasattr(sd, "step_pool"):  # a graph runner: the state moves in one copy each way
-                        audio = sd.step_pool(codes, pool, rows, idx)
+                        audio = sd.step_pool(codes, pool, rows, idx, check=_check_audio)
                     else:
                         audio, new = sd.step(codes, pool.gather(rows, idx))
+                        _check_audio(audio, len(part), t)
                         pool.scatter(rows, new, idx)
-                if audio.dim() != 2 or audio.shape[0] != len(part) or audio.shape[1] % t:
-                    raise RuntimeError(f"decoder returned audio {list(audio.shape)} for {len(part)} rows of {t} frames")
                 audio = audio.float().cpu()
                 for k, i in enumerate(part):
                     out[i] = audio[k]
