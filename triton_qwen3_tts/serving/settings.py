@@ -214,9 +214,10 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting(
         "engine_cpu_threads",
         0,
-        "torch's CPU threads in each GPU engine's worker process (its host tensor work, a prompt_device "
-        "cpu projection); 0 = the host's CPUs over the GPUs the server sees, at most 4 (torch's default, "
-        "a thread per core in every worker, keeps idle cores spinning and slows the engines' loops)",
+        "torch's CPU threads in each process that runs a talker engine on a GPU (a fused worker, the tts "
+        "with fused_workers thread, a split pipeline's talker): its host tensor work, a prompt_device cpu "
+        "projection; 0 = the host's CPUs over the GPUs the process sees, at most 4 (torch's default, a "
+        "thread per core in every such process, keeps idle cores spinning and slows the engines' loops)",
         lo=0,
         hi=256,
         group="talker",

@@ -23,6 +23,7 @@ from triton_qwen3_tts.serving.stub import freeze_heap, pin_gpu, prepare_process,
 from triton_qwen3_tts.serving.errors import triton_error
 from triton_qwen3_tts.serving.model_config import TalkerModelConfig, parameters_from_model_config
 from triton_qwen3_tts.serving.talker.engines import make_engine, make_frontend
+from triton_qwen3_tts.serving.talker.worker import set_engine_threads
 from triton_qwen3_tts.serving.talker.service import TALKER_INPUTS, TalkerService
 
 os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner our plugin is tested on (vLLM is imported later)
@@ -40,6 +41,8 @@ class TritonPythonModel:
         profiling.maybe_start("talker")  # QWEN3_TTS_PROFILE_DIR set: stack samples (diagnostics)
         self.cfg = TalkerModelConfig.from_parameters(parameters_from_model_config(json.loads(args["model_config"])))
         pin_gpu(self.cfg.gpu)  # gpus > 1: this talker_i serves on GPU i only
+        if self.cfg.device != "cpu":
+            set_engine_threads(self.cfg.engine_cpu_threads)
         self._name = args.get("model_name", "talker")
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="talker-loop", daemon=True)

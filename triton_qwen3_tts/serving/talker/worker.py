@@ -100,9 +100,7 @@ def worker_main(conn, cfg: TalkerModelConfig, name: str, gpu: int = 0) -> None:
         import torch
 
         torch.cuda.set_device(index)
-        torch.set_num_threads(
-            engine_threads(cfg.engine_cpu_threads, len(os.sched_getaffinity(0)), torch.cuda.device_count())
-        )
+        set_engine_threads(cfg.engine_cpu_threads)
     asyncio.run(_serve(conn, cfg, name))
 
 
@@ -114,6 +112,15 @@ def engine_threads(setting: int, cpus: int, gpus: int) -> int:
     if setting > 0:
         return setting
     return max(1, min(4, cpus // max(1, gpus)))
+
+
+def set_engine_threads(setting: int) -> int:
+    """Apply :func:`engine_threads` to this process (torch's intra-op threads); returns the count."""
+    import torch
+
+    n = engine_threads(setting, len(os.sched_getaffinity(0)), torch.cuda.device_count())
+    torch.set_num_threads(n)
+    return n
 
 
 def cuda_index(device: str) -> Optional[int]:

@@ -509,6 +509,10 @@ class TritonPythonModel:
             self.workers = clients
             self.peers = WorkerWatch(clients)
         else:
+            if tcfg.device != "cpu":
+                from triton_qwen3_tts.serving.talker.worker import set_engine_threads
+
+                set_engine_threads(tcfg.engine_cpu_threads)
             frontend = make_frontend(tcfg)
             clients = []
             # one after the other: torch.compile is not safe to run in two threads of one process at once
