@@ -284,16 +284,24 @@ def test_engine_threads_share_the_cpus_between_gpu_workers():
 
 
 def test_freeze_heap_moves_the_loaded_objects_out_of_collections():
-    """stub.freeze_heap (end of every model's and worker's load): what is alive then is never walked
-    by a collection again; thaw_heap (teardown) makes it collectable again."""
+    """stub.freeze_heap (end of every model's and worker's load): what is alive then is never
+    collected, even once it is garbage; thaw_heap (teardown) makes it collectable again."""
     import gc
+    import weakref
 
     from triton_qwen3_tts.serving.stub import freeze_heap, thaw_heap
 
-    loaded = [{"k": i} for i in range(1000)]
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a reference cycle: only the collector frees it
+    alive = weakref.ref(a)
     try:
         freeze_heap()
-        assert gc.get_freeze_count() >= len(loaded)
+        del a, b
+        gc.collect()
+        assert alive() is not None  # frozen: the collection did not walk it
     finally:
         thaw_heap()
-    assert gc.get_freeze_count() == 0
+    assert alive() is None and gc.get_freeze_count() == 0
