@@ -8,8 +8,10 @@ test_stateful_serving.py (its server runs both state modes).
 """
 
 import asyncio
+import re
 
 import numpy as np
+
 import pytest
 import torch
 
@@ -527,3 +529,22 @@ def test_a_bad_decode_leaves_the_pool_state_as_it_was(tiny):
         (res,) = run_resident_batch([req(1, codes_of(2, 1, size))], pool, codec)
         assert isinstance(res, RuntimeError) and "decoder returned audio" in str(res)
         assert torch.equal(pool.buf, buf) and torch.equal(pool.pos, pos)
+
+
+def test_codec_host_ops_script_counts_few_operations_for_step_pool(capsys):
+    """scripts/codec_host_ops.py at the real codec's state layout (38 tensors, built on the meta
+    device): step_pool issues a handful of operations per call, the per-name path hundreds."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "codec_host_ops.py"
+    spec = importlib.util.spec_from_file_location("codec_host_ops", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--rows", "1", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "38 state tensors" in out
+    rows = [[int(x) for x in re.findall(r"\d+", line)] for line in out.splitlines() if re.match(r"\s+[12]\s", line)]
+    assert len(rows) == 2
+    for _, fast, _, per_name, _ in rows:
+        assert fast <= 20 and per_name >= 10 * fast
