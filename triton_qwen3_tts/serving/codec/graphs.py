@@ -266,6 +266,14 @@ class StatefulGraphRunner:
             slot.state_out[n].copy_(new[n])
         return audio
 
+    def _run(self, slot: _Slot):
+        """Replay the slot's graph (capture=False: run its body eagerly); the slot's audio buffer."""
+        if slot.graph is not None:
+            slot.graph.replay()
+        else:
+            slot.audio = self._body(slot)
+        return slot.audio
+
     def _slot(self, bb: int, t: int) -> _Slot:
         key = (bb, t)
         slot = self._slots.get(key)
@@ -340,12 +348,7 @@ class StatefulGraphRunner:
         with torch.inference_mode():
             stage_rows(slot.codes, codes)
             stage_state(slot.state_in, state, self.names)
-            if slot.graph is not None:
-                slot.graph.replay()
-                audio = slot.audio
-            else:
-                audio = self._body(slot)
-                slot.audio = audio
+            audio = self._run(slot)
             self.graph_calls += 1
             return audio[:b].clone(), slice_state(slot.state_out, b, self.names)
 
@@ -375,12 +378,7 @@ class StatefulGraphRunner:
             if b < key[0]:  # padding rows: zero state, a fresh stream
                 self._flat_in[b : key[0]].zero_()
                 self._pos_in[b : key[0]].zero_()
-            if slot.graph is not None:
-                slot.graph.replay()
-                audio = slot.audio
-            else:
-                audio = self._body(slot)
-                slot.audio = audio
+            audio = self._run(slot)
             if check is not None:
                 check(audio[:b], b, t)
             pool.buf.index_copy_(0, idx, self._flat_out[:b])

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from triton_qwen3_tts.serving.codec.graphs import POS_NAME, flat_state_layout
+from triton_qwen3_tts.serving.codec.graphs import POS_NAME, flat_state_layout, flat_state_views
 from triton_qwen3_tts.serving.faults import Unavailable
 
 NUM_QUANTIZERS = 16
@@ -346,8 +346,7 @@ class StatePool:
         # name -> (offset, numel, shape): the graph runner's static buffers have the same layout
         self.names, self.layout, self.row_numel = flat_state_layout(sd)
         self.float_names = [n for n in self.names if n != POS_NAME]
-        off = self.row_numel
-        self.buf = torch.zeros((self.capacity, off), device=device, dtype=dtype or torch.float32)
+        self.buf = torch.zeros((self.capacity, self.row_numel), device=device, dtype=dtype or torch.float32)
         self.pos = torch.zeros((self.capacity,), device=device, dtype=torch.int64)
         self._free = list(range(self.capacity - 1, -1, -1))  # pop() gives slot 0 first
         self._slots: Dict[int, int] = {}  # stream id -> slot
@@ -416,16 +415,7 @@ class StatePool:
         """The state of these slots as ``name -> [b, *shape]`` (``pos`` ``[b]``), in name order.
         ``idx``: :meth:`index` of ``slots``, if the caller has it already."""
         idx = self.index(slots) if idx is None else idx
-        flat = self.buf.index_select(0, idx)
-        b = len(slots)
-        out: "OrderedDict[str, Any]" = OrderedDict()
-        for n in self.names:
-            if n == POS_NAME:
-                out[n] = self.pos.index_select(0, idx)
-            else:
-                off, numel, shape = self.layout[n]
-                out[n] = flat[:, off : off + numel].view((b,) + shape)
-        return out
+        return flat_state_views(self.buf.index_select(0, idx), self.pos.index_select(0, idx), self.names, self.layout)
 
     def scatter(self, slots: Sequence[int], state: Mapping[str, Any], idx=None) -> None:
         """Store a step's new state (``name -> [b, ...]``) into these slots."""
