@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -122,10 +121,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     ckpt = args.checkpoint
     if ckpt is None:
-        from triton_qwen3_tts.tools.random_checkpoint import write_random_checkpoint
+        from triton_qwen3_tts.tools.random_checkpoint import write_temp_checkpoint
 
-        ckpt = str(Path(tempfile.mkdtemp(prefix="loop-overhead-")) / args.preset)
-        write_random_checkpoint(args.preset, ckpt)
+        ckpt = write_temp_checkpoint(args.preset, prefix="loop-overhead-")
     for n in args.streams:
         runs = [run(ckpt, n, args.frames) for _ in range(args.repeat)]
         ms = statistics.median(r["ms_per_iteration"] for r in runs)

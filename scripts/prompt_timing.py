@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -42,10 +41,9 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     ckpt = args.checkpoint
     if args.preset:
-        from triton_qwen3_tts.tools.random_checkpoint import write_random_checkpoint
+        from triton_qwen3_tts.tools.random_checkpoint import write_temp_checkpoint
 
-        ckpt = str(Path(tempfile.mkdtemp(prefix="prompt-timing-")) / args.preset)
-        write_random_checkpoint(args.preset, ckpt)
+        ckpt = write_temp_checkpoint(args.preset, prefix="prompt-timing-")
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = {}
     print(f"torch threads {torch.get_num_threads()}; ms per build over {args.builds} builds")

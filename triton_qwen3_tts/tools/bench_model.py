@@ -27,7 +27,6 @@ import json
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -628,11 +627,9 @@ def check(args) -> dict:
 
 
 def make_smoke_checkpoint() -> str:
-    from triton_qwen3_tts.tools.random_checkpoint import write_random_checkpoint
+    from triton_qwen3_tts.tools.random_checkpoint import write_temp_checkpoint
 
-    out = Path(tempfile.mkdtemp(prefix="bench-smoke-")) / "tiny"
-    write_random_checkpoint("tiny", out, 0, progress=False)
-    return str(out)
+    return write_temp_checkpoint("tiny", prefix="bench-smoke-")
 
 
 def parse_args(argv=None):

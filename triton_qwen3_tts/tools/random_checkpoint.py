@@ -411,6 +411,16 @@ def write_random_checkpoint(
     return out
 
 
+def write_temp_checkpoint(preset: str, prefix: str = "qwen3-tts-ckpt-", seed: int = 0) -> str:
+    """:func:`write_random_checkpoint` of ``preset`` into a new temporary directory; its path
+    (``<tmp>/<preset>``). For scripts that take ``--preset`` instead of a checkpoint."""
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix=prefix)) / preset
+    write_random_checkpoint(preset, out, seed, progress=False)
+    return str(out)
+
+
 def preset_summary(preset: str) -> dict:
     """Tensor and parameter counts of a preset's two weight files (meta device, nothing written)."""
     config = Qwen3TTSConfig.from_dict(presets.main_config(preset))
