@@ -155,6 +155,15 @@ class DeadlinePolicy:
         out.sort(key=lambda c: c[0])
         return out
 
+    def _rides_along(self, s: StreamState, frames: int, now: float) -> bool:
+        """May ``s`` join a batch of ``frames`` frames per stream (``ride_along``)?"""
+        if s.t_first is None or self.fit(s.pending) < frames:
+            return False
+        scheduled = self.fit(self.chunk_size(s.chunks))
+        if frames >= scheduled:
+            return True
+        return self.ride_along == "due" and 2 * frames >= scheduled and s.slack(now) < self.buffer_s
+
     def pick(
         self, streams: Sequence[StreamState], now: float, talker_busy: bool, talker_urgent: bool = False
     ) -> Optional[CodecBatch]:
@@ -175,24 +184,10 @@ class DeadlinePolicy:
             return None
         group = [c[3] for c in cands if c[2] == frames][: self.max_batch]
         if reason != "first" and len(group) < self.max_batch:
-            # ride-alongs: streams that have a chunk of this size ready anyway (one batch decodes
-            # it cheaper than a later call of its own)
+            # ride-alongs (module docstring): one batch decodes their chunk cheaper than a later
+            # call of its own
             taken = {s.sid for s in group}
-            extra = [
-                s
-                for s in streams
-                if s.sid not in taken
-                and s.t_first is not None
-                and self.fit(s.pending) >= frames
-                and (
-                    frames >= self.fit(self.chunk_size(s.chunks))
-                    or (
-                        self.ride_along == "due"
-                        and s.slack(now) < self.buffer_s
-                        and 2 * frames >= self.fit(self.chunk_size(s.chunks))
-                    )
-                )
-            ]
+            extra = [s for s in streams if s.sid not in taken and self._rides_along(s, frames, now)]
             extra.sort(key=lambda s: s.slack(now))
             group += extra[: self.max_batch - len(group)]
         self._last_was_codec = True
