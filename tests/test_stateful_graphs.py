@@ -289,6 +289,20 @@ def _steps_equal_the_decoder(sd, runner, cases):
             assert _max_diff(new[n], ref_new[n]) <= 1e-5 * max(1.0, ref_new[n].abs().max().item()), (b, t, n)
 
 
+def _compiled_runner(sd, frame_buckets):
+    """A compiled runner on the CPU (backend aot_eager: dynamo traces, no kernels generated)."""
+    return StatefulGraphRunner(
+        sd,
+        "cpu",
+        torch.float32,
+        batch_buckets=(1, 2, 4),
+        frame_buckets=frame_buckets,
+        capture=False,
+        compile=True,
+        compile_backend="aot_eager",
+    )
+
+
 def test_compiled_step_serves_every_slot_and_equals_the_decoder(sd):
     """``compile=True`` (backend aot_eager: dynamo traces the step into one graph with dynamic
     batch and frame dims, no kernels generated) gives the eager decoder's audio and state for
@@ -296,16 +310,7 @@ def test_compiled_step_serves_every_slot_and_equals_the_decoder(sd):
     import torch._dynamo
 
     torch._dynamo.reset()
-    runner = StatefulGraphRunner(
-        sd,
-        "cpu",
-        torch.float32,
-        batch_buckets=(1, 2, 4),
-        frame_buckets=(2, 4),
-        capture=False,
-        compile=True,
-        compile_backend="aot_eager",
-    )
+    runner = _compiled_runner(sd, frame_buckets=(2, 4))
     counts = torch._dynamo.utils.counters
     counts.clear()
     _steps_equal_the_decoder(sd, runner, ((3, 2, [0, 5, 9]), (2, 4, [3, 0]), (4, 4, [1, 2, 3, 4]), (3, 7, [0, 5, 9])))
@@ -325,16 +330,7 @@ def test_compiled_runner_compiles_once_for_every_slot(sd):
     import torch._dynamo
 
     torch._dynamo.reset()
-    runner = StatefulGraphRunner(
-        sd,
-        "cpu",
-        torch.float32,
-        batch_buckets=(1, 2, 4),
-        frame_buckets=(1, 2, 4),
-        capture=False,
-        compile=True,
-        compile_backend="aot_eager",
-    )
+    runner = _compiled_runner(sd, frame_buckets=(1, 2, 4))
     assert runner.batch_buckets == (2, 4)
     counts = torch._dynamo.utils.counters
     counts.clear()
