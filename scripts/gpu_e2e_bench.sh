@@ -17,6 +17,8 @@
 # OPEN_FRAMES-frame clips (default 50, 4 s), OPEN_ARGS default "--duration 15 --warmup 2
 # --streams 64"; its table ends with the capacity line; OPEN_TIMEOUT default 400 s), LEVELS=""
 # (no closed loop), READY_S (seconds to wait for readiness, default 300).
+# PROFILE_RATE=R: after the open loop, py-spy profiles of the tts stub and the engine workers during
+# PROFILE_S seconds (default 15) of an open loop at R req/s (scripts/gpu_pyspy.sh; pyspy_TAG_PID.txt).
 # Stage "graphs": scripts/check_stateful_graphs.py (stateful codec's CUDA graphs vs eager), fp32
 # and bf16, on the preset's random decoder.
 # Stage "gateway": on the service stage's server (started for it alone when "service" is not in
@@ -86,6 +88,10 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
     timeout "${OPEN_TIMEOUT:-400}" python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate $RATES \
       --fixed-frames "${OPEN_FRAMES:-50}" ${OPEN_ARGS:---duration 15 --warmup 2 --streams 64} \
       --out-json "$OUT/open_$TAG.json" --out-csv "$OUT/open_$TAG.csv" --no-progress 2>&1 | tail -30
+  fi
+  if [ "$service" = 1 ] && [ -n "${PROFILE_RATE:-}" ]; then
+    source scripts/gpu_pyspy.sh
+    pyspy_profile "$TAG" 127.0.0.1:18001 "$(pgrep -f '^tritonserver' | head -1)"
   fi
   if [[ " $STAGES " == *" gateway "* ]]; then
     if python -c "import fastapi, uvicorn, multipart" 2>/dev/null; then

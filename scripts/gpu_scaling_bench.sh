@@ -25,6 +25,7 @@ OUT=${OUT:-out}; mkdir -p "$OUT"
 # with DEVICE=cpu; else scripts/gpu_env.sh prepares it and writes the checkpoint.
 [ -n "${CKPT:-}" ] || source scripts/gpu_env.sh
 DEVICE=${DEVICE:-gpu}
+source scripts/gpu_pyspy.sh
 FRAMES=${FRAMES:-200}
 GPUS_B=${GPUS_B:-2}
 LEVELS_A=${LEVELS_A:-64}
@@ -69,32 +70,8 @@ measure() {  # measure NAME PORT_BASE LEVELS RATES
   # which process is busy: per-process CPU over the closed loop, then over the open loop
   python scripts/proc_cpu.py diff "$OUT/cpu_$1_closed0.json" "$OUT/cpu_$1_closed1.json" --out-json "$OUT/cpu_closed_$1.json" | head -8
   python scripts/proc_cpu.py diff "$OUT/cpu_$1_closed1.json" "$OUT/cpu_$1_open1.json" --out-json "$OUT/cpu_open_$1.json" | head -8
-  if [ -n "${PROFILE_RATE:-}" ] && [[ " ${PROFILE_ON:-b} " == *" $1 "* ]]; then profile "$1" "$grpc"; fi
+  if [ -n "${PROFILE_RATE:-}" ] && [[ " ${PROFILE_ON:-b} " == *" $1 "* ]]; then pyspy_profile "$1" "$grpc" "$(server_pid "$1")"; fi
   curl -s "localhost:$(($2 + 2))/metrics" | grep -E "^qwen3_tts|^nv_inference_(count|request_success)" > "$OUT/metrics_$1.txt"
-}
-profile() {  # profile NAME GRPC: py-spy (carried wheel) samples the tts stub and the engine workers
-  # for PROFILE_S seconds of an open loop at PROFILE_RATE req/s; collapsed stacks in pyspy_NAME_*.txt
-  command -v py-spy > /dev/null || { echo "PROFILE_RATE: py-spy missing (scripts/gpu_wheels.sh)" >&2; return; }
-  local secs=${PROFILE_S:-15} pids pid
-  pids=$(python -c "
-import json, sys
-d = json.load(open(sys.argv[1]))
-print(' '.join(p for p, v in d['procs'].items() if 'qwen3tts-gpu' in v['comm'] or '/tts/' in v['cmd']))
-" "$OUT/cpu_$1_open1.json")
-  # shellcheck disable=SC2086
-  timeout 120 python benchmark/benchmark_service.py --url "$2" --rate "$PROFILE_RATE" --fixed-frames "${OPEN_FRAMES:-50}" \
-    $OPEN_ARGS --duration $((secs + 6)) --out-json "$OUT/profiled_$1.json" --no-progress > "$OUT/profiled_$1.txt" 2>&1 &
-  local jobs=$!  # waited for by pid: a bare `wait` would also wait for the servers, started as jobs
-  sleep 4
-  for pid in $pids; do
-    timeout $((secs + 20)) py-spy record --pid "$pid" --duration "$secs" --rate 200 --nonblocking --format raw \
-      -o "$OUT/pyspy_$1_$pid.txt" > "$OUT/pyspy_$1_$pid.log" 2>&1 &
-    jobs="$jobs $!"
-  done
-  # shellcheck disable=SC2086
-  wait $jobs
-  tail -4 "$OUT/profiled_$1.txt"
-  ls -la "$OUT"/pyspy_"$1"_* 2>&1 | head
 }
 
 build /tmp/repo_a 1

@@ -91,3 +91,14 @@ def test_benchmark_model_smoke(engine, tiny_checkpoint, tmp_path):
     # the progress line of every level was printed
     for c in SMOKE_LEVELS:
         assert f"c={c:4d}  TTFF" in proc.stdout, proc.stdout[-3000:]
+
+
+def test_kernel_table_counts_per_step_and_ranks_by_time():
+    from triton_qwen3_tts.tools.bench_model import kernel_table
+
+    # two replays of a step of three launches of "gemv" (2 us each) and one of "attn" (5 us)
+    events = [("gemv", 2.0)] * 6 + [("attn", 5.0)] * 2
+    kt = kernel_table(events, replays=2, top=1)
+    assert kt["kernels_per_step"] == 4
+    assert math.isclose(kt["busy_ms_per_step"], 0.011)
+    assert kt["top"] == [{"name": "gemv", "per_step": 3.0, "us_per_step": 6.0}]

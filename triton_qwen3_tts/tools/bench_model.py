@@ -373,6 +373,8 @@ def profile_step(args) -> dict:
                     times.append(st.elapsed_time(en))
             row[name] = float(statistics.median(times))
             keep.append(graph)
+            if name == "full" and B in (args.profile_kernels or ()):
+                row["kernels"] = profile_kernels(graph, args.profile_iters, before=lambda: m.pos.fill_(ctx0))
         # self-checks on the last full replays
         with torch.inference_mode():
             m.pos.fill_(ctx0)
@@ -396,11 +398,73 @@ def profile_step(args) -> dict:
             f"{r['B']:>4} {r['full']:>9.3f} {r['talker']:>9.3f} {r['code_predictor']:>10.3f} "
             f"{r['sampling']:>9.3f} {s:>10.3f} {r['audio_s_per_s']:>10.1f} {r['full'] / 80.0:>7.3f}"
         )
+    for r in rows:
+        if "kernels" in r:
+            print_kernel_table(r["B"], r["full"], r["kernels"])
     prefill_rows = profile_prefill(args, m, cfg) if args.profile_prefill else []
     out = {"profile_step": rows, "profile_prefill": prefill_rows, "knobs": native_knobs(args)}
     if args.cp_parity:
         out["cp_parity"] = cp_parity(m, cfg, args.cp_parity)
     return out
+
+
+def kernel_table(events, replays: int, top: int = 30) -> dict:
+    """Per-step kernel figures from profiler events ``(name, device_us)`` of ``replays`` step
+    replays: kernels per step, their summed time per step (ms; the GPU is idle for the rest of
+    the step's wall time: launch gaps between kernels), and the ``top`` kernel names by time,
+    each with its launches and microseconds per step."""
+    by: Dict[str, List[float]] = {}
+    for name, us in events:
+        by.setdefault(name, []).append(float(us))
+    rows = sorted(
+        ({"name": n, "per_step": len(v) / replays, "us_per_step": sum(v) / replays} for n, v in by.items()),
+        key=lambda r: -r["us_per_step"],
+    )
+    return {
+        "kernels_per_step": sum(len(v) for v in by.values()) / replays,
+        "busy_ms_per_step": sum(sum(v) for v in by.values()) / replays / 1e3,
+        "top": rows[:top],
+    }
+
+
+def profile_kernels(graph, replays: int, before=None) -> dict:
+    """:func:`kernel_table` of ``replays`` replays of a captured step ``graph`` under
+    ``torch.profiler`` (CUDA activity: each kernel of the graph with its device time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(3):
+        if before:
+            before()
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            if before:
+                before()
+            graph.replay()
+        torch.cuda.synchronize()
+    events = []
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA") and e.name and not e.name.startswith("Memset"):
+            us = getattr(e, "device_time", None)
+            if us is None:
+                us = e.cuda_time
+            events.append((e.name, us))
+    # the replays' fill_ kernels (``before``) are not the step's
+    events = [(n, us) for n, us in events if "FillFunctor" not in n]
+    return kernel_table(events, replays)
+
+
+def print_kernel_table(B: int, wall_ms: float, kt: dict) -> None:
+    busy = kt["busy_ms_per_step"]
+    print(
+        f"\nB={B}: {kt['kernels_per_step']:.0f} kernels per step, {busy:.3f} ms of kernel time in a "
+        f"{wall_ms:.3f} ms step (GPU idle {max(0.0, 1 - busy / wall_ms):.0%} of it: launch gaps)"
+    )
+    print(f"{'us/step':>9} {'launches':>9} {'us each':>8}  kernel")
+    for r in kt["top"]:
+        each = r["us_per_step"] / r["per_step"] if r["per_step"] else 0.0
+        print(f"{r['us_per_step']:>9.1f} {r['per_step']:>9.1f} {each:>8.2f}  {r['name'][:110]}")
 
 
 def cp_parity(m, cfg, frames: int, batch: int = 0) -> dict:
@@ -662,6 +726,15 @@ def parse_args(argv=None):
         nargs="*",
         default=[],
         help="--profile-step: also time the captured batched prefill at these prompt lengths",
+    )
+    ap.add_argument(
+        "--profile-kernels",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="B",
+        help="--profile-step: also list the full step's kernels at these batch buckets (torch.profiler over "
+        "--profile-iters replays): kernels per step, their summed time against the step's, the top ones",
     )
     # native engine A/B knobs (NativeEngineConfig)
     ap.add_argument("--compile", action="store_true", help="native: torch.compile the per-layer blocks")
