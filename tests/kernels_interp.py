@@ -159,6 +159,34 @@ def check_code_predictor(out: dict) -> None:
             )
 
 
+def check_decode_attention(out: dict) -> None:
+    """decode_attention against softmax attention over each row's positions 0..pos (fp32 and
+    bf16; one split, several, a split past some rows' lengths; two and three query heads per kv
+    head), and the split count's rule."""
+    g = torch.Generator().manual_seed(5)
+    hd, C = 32, 96
+    pos = torch.tensor([0, 31, 32, 95, 40])  # lengths 1, 32, 33, 96, 41: block and split edges
+    B = pos.shape[0]
+    worst = {}
+    for H, KV in ((4, 2), (6, 2)):
+        for dt in (torch.float32, torch.bfloat16):
+            kc = torch.randn(B + 1, KV, 128, hd, generator=g).to(dt)  # a spare slot, M > C
+            vc = torch.randn(B + 1, KV, 128, hd, generator=g).to(dt)
+            q = torch.randn(B, H * hd, generator=g).to(dt)
+            ref = torch.empty(B, H, hd)
+            for b in range(B):
+                n = int(pos[b]) + 1
+                qh = q[b].float().view(KV, H // KV, hd)
+                sc = torch.einsum("grd,gpd->grp", qh, kc[b, :, :n].float()) * hd**-0.5
+                ref[b] = torch.einsum("grp,gpd->grd", sc.softmax(-1), vc[b, :, :n].float()).reshape(H, hd)
+            for S in (1, 3, None):
+                o = nk.decode_attention(q, kc, vc, pos, C, H, KV, splits=S)
+                key = f"decode_attn_{str(dt).split('.')[-1]}"
+                worst[key] = max(worst.get(key, 0.0), _maxdiff(o.view(B, H, hd), ref))
+    out.update(worst)
+    out["decode_splits"] = [nk.decode_splits(b, 8, c, 132) for b, c in ((1, 512), (1, 64), (8, 512), (64, 512))]
+
+
 def check_talker(out: dict) -> None:
     """part_talker with the Triton kernels against torch from the same state (rows at different
     positions, some with trailing text): hidden, logits and the KV caches, fp32."""
@@ -273,6 +301,7 @@ def main() -> int:
     out: dict = {}
     check_linear(out)
     check_attention(out)
+    check_decode_attention(out)
     check_code_predictor(out)
     check_talker(out)
     check_engine_frames(out)

@@ -61,6 +61,16 @@ def test_attention_matches_torch_blocks(interp):
 
 
 @needs_triton
+def test_decode_attention_matches_softmax_over_each_rows_positions(interp):
+    # one split, three (one past the shortest rows' lengths) and the default; 2 and 3 query
+    # heads per kv head
+    assert interp["decode_attn_float32"] < 1e-4
+    assert interp["decode_attn_bfloat16"] < 2e-2  # bf16 output rounding of values of order 1
+    # B=1 splits its 512-position bucket 16 ways (33 wanted), B=8 5 ways, B=64 fills the GPU with rows alone
+    assert interp["decode_splits"] == [16, 2, 5, 1]
+
+
+@needs_triton
 @pytest.mark.parametrize("proj", ["identity", "projection"])
 def test_code_predictor_same_codes_as_torch_path(interp, proj):
     assert interp[f"cp_{proj}_distinct_codes"] > 10  # the codes vary: the comparison can fail

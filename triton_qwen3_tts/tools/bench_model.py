@@ -33,7 +33,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from triton_qwen3_tts.engines.native.options import KERNELS, PDL_MODES
+from triton_qwen3_tts.engines.native.options import DECODE_ATTENTION_MODES, KERNELS, PDL_MODES
 from triton_qwen3_tts.tools._extras import import_model_extra
 
 torch = None  # the model extra: imported once the command line is read (parse_args), so --help needs none
@@ -758,6 +758,13 @@ def parse_args(argv=None):
         "(engines/native/kernels.py PDL)",
     )
     ap.add_argument(
+        "--decode-attention",
+        choices=DECODE_ATTENTION_MODES,
+        default="triton",
+        help="--kernels triton: the talker's decode attention as the flash-decoding kernel (each row's cached "
+        "positions) or PyTorch's SDPA over the context bucket (engines/native/kernels.py DECODE_ATTENTION)",
+    )
+    ap.add_argument(
         "--cp-parity",
         type=int,
         default=0,
@@ -813,6 +820,7 @@ def main(argv=None) -> int:
         from triton_qwen3_tts.engines.native import kernels
 
         kernels.set_pdl(args.pdl)
+        kernels.set_decode_attention(args.decode_attention)
     result = {
         "args": {k: v for k, v in vars(args).items()},
         "host": platform.node(),

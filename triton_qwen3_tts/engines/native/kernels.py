@@ -21,7 +21,10 @@ projection's bias; a plain gather where the projection is the identity).
 
 The talker's layers (one position per row, each row at its own position, context up to the
 bucket) use the same :func:`linear` for their four GEMMs, :func:`rope_kv_write` for q/k norm,
-RoPE and the KV write, and PyTorch's SDPA for the attention over the long context.
+RoPE and the KV write, and :func:`decode_attention` (flash-decoding: each row's cached positions
+cut into parts run in parallel, then merged) for the attention over the long context, where
+PyTorch's SDPA over the masked context bucket took a third of the talker's time at 64 rows
+(run 31a: 68 us per layer, against 39 MB of keys and values per layer at context 300).
 
 Arithmetic: fp32 accumulation and fp32 norms/activations, rounded once to the model dtype where
 a tensor is stored (the folded weights are rounded once more at load); the torch path rounds
@@ -51,7 +54,7 @@ from typing import Optional
 
 import torch
 
-from triton_qwen3_tts.engines.native.options import PDL_MODES
+from triton_qwen3_tts.engines.native.options import DECODE_ATTENTION_MODES, PDL_MODES
 
 try:  # GPU builds of torch ship triton; CPU test environments get it with vLLM (xgrammar)
     import triton
@@ -70,6 +73,20 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # they captured)
 PDL = "off"
 _PDL_DEVICES: dict = {}  # device index -> capability >= 9.0
+
+
+# the talker's decode attention with kernels "triton": "triton" (decode_attention, reading each
+# row's cached positions only) or "sdpa" (PyTorch's SDPA over the whole context bucket with a
+# mask); set_decode_attention() changes it (before CUDA-graph capture), for A/B measurements
+DECODE_ATTENTION = "triton"
+
+
+def set_decode_attention(mode: str) -> None:
+    """Set :data:`DECODE_ATTENTION` (one of :data:`DECODE_ATTENTION_MODES`)."""
+    global DECODE_ATTENTION
+    if mode not in DECODE_ATTENTION_MODES:
+        raise ValueError(f"decode attention must be one of {', '.join(DECODE_ATTENTION_MODES)}, got {mode!r}")
+    DECODE_ATTENTION = mode
 
 
 def set_pdl(mode: str) -> None:
@@ -384,6 +401,113 @@ if triton is not None:
             v = tl.load(qkv_ptr + b * stride_qkv + (H + KVH + g) * HD + d)
             tl.store(vc_ptr + at, v)
 
+    @triton.jit
+    def _decode_attn_kernel(
+        q_ptr,
+        kc_ptr,
+        vc_ptr,
+        pos_ptr,
+        part_ptr,
+        o_ptr,
+        stride_cb,
+        stride_ch,
+        stride_cp,
+        scale,
+        CHUNK,
+        H: tl.constexpr,
+        KVH: tl.constexpr,
+        HD: tl.constexpr,
+        RP: tl.constexpr,
+        BLOCK: tl.constexpr,
+        SPLITS: tl.constexpr,
+        GDC: tl.constexpr,
+    ):
+        """One (row b, kv head g, split s): the REP query heads of g over the row's cached
+        positions ``s * CHUNK ..`` up to ``min((s + 1) * CHUNK, pos[b] + 1)``, online softmax in
+        fp32. One split: the normalised output into ``o``; more: the split's running max, sum
+        and unnormalised output into ``part`` for :func:`_decode_combine_kernel`."""
+        REP: tl.constexpr = H // KVH
+        W: tl.constexpr = HD + 2  # one part row: HD outputs, the max, the sum
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        b = tl.program_id(0).to(tl.int64)
+        g = tl.program_id(1)
+        sp = tl.program_id(2)
+        r = tl.arange(0, RP)
+        r_ok = r < REP
+        d = tl.arange(0, HD)
+        length = tl.load(pos_ptr + b) + 1
+        start = sp * CHUNK
+        end = tl.minimum(start + CHUNK, length)
+        q_at = b * (H * HD) + (g * REP + r)[:, None] * HD + d[None, :]
+        q = tl.load(q_ptr + q_at, mask=r_ok[:, None], other=0.0).to(tl.float32) * scale
+        m = tl.full((RP,), float("-inf"), tl.float32)
+        l_sum = tl.zeros((RP,), tl.float32)
+        acc = tl.zeros((RP, HD), tl.float32)
+        kc = kc_ptr + b * stride_cb + g * stride_ch
+        vc = vc_ptr + b * stride_cb + g * stride_ch
+        for n0 in range(start, end, BLOCK):
+            n = n0 + tl.arange(0, BLOCK)
+            n_ok = n < end
+            k = tl.load(kc + n[:, None] * stride_cp + d[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
+            sc = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [RP, BLOCK]
+            sc = tl.where(n_ok[None, :], sc, float("-inf"))
+            m_new = tl.maximum(m, tl.max(sc, axis=1))  # finite: every block has a valid position
+            alpha = tl.exp(m - m_new)
+            pr = tl.exp(sc - m_new[:, None])
+            v = tl.load(vc + n[:, None] * stride_cp + d[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
+            l_sum = l_sum * alpha + tl.sum(pr, axis=1)
+            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * v[None, :, :], axis=1)
+            m = m_new
+        if SPLITS == 1:
+            out = acc / l_sum[:, None]
+            tl.store(o_ptr + q_at, out.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
+        else:
+            base = part_ptr + ((b * KVH + g) * SPLITS + sp) * (RP * W) + r * W
+            tl.store(base[:, None] + d[None, :], acc)
+            tl.store(base + HD, m)
+            tl.store(base + HD + 1, l_sum)
+
+    @triton.jit
+    def _decode_combine_kernel(
+        part_ptr,
+        o_ptr,
+        H: tl.constexpr,
+        KVH: tl.constexpr,
+        HD: tl.constexpr,
+        RP: tl.constexpr,
+        SPLITS: tl.constexpr,
+        GDC: tl.constexpr,
+    ):
+        """One (row b, kv head g): the splits of :func:`_decode_attn_kernel` merged (each
+        rescaled to the largest running max; a split past the row's length has max -inf and
+        sum 0, and split 0 is never empty) and normalised into ``o``."""
+        REP: tl.constexpr = H // KVH
+        W: tl.constexpr = HD + 2
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+        b = tl.program_id(0).to(tl.int64)
+        g = tl.program_id(1)
+        r = tl.arange(0, RP)
+        d = tl.arange(0, HD)
+        base = part_ptr + (b * KVH + g) * SPLITS * (RP * W) + r * W
+        mx = tl.full((RP,), float("-inf"), tl.float32)
+        for sp in tl.static_range(SPLITS):
+            mx = tl.maximum(mx, tl.load(base + sp * (RP * W) + HD))
+        l_sum = tl.zeros((RP,), tl.float32)
+        acc = tl.zeros((RP, HD), tl.float32)
+        for sp in tl.static_range(SPLITS):
+            at = base + sp * (RP * W)
+            f = tl.exp(tl.load(at + HD) - mx)
+            l_sum += tl.load(at + HD + 1) * f
+            acc += tl.load(at[:, None] + d[None, :]) * f[:, None]
+        out = acc / l_sum[:, None]
+        r_ok = r < REP
+        o_at = b * (H * HD) + (g * REP + r)[:, None] * HD + d[None, :]
+        tl.store(o_ptr + o_at, out.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
+
 
 def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     """``w [N, K]`` with an RMSNorm weight ``[K]`` folded in (``w * norm_weight``, computed in
@@ -614,3 +738,96 @@ def rope_kv_write(
             **_launch_opts(pdl),
         )
     return q
+
+
+DECODE_BLOCK = 32  # cached positions per step of the decode-attention loop
+_SMS: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (132 off the GPU: the H100's, so that the
+    interpreter's tests split as a GPU would)."""
+    if device.type != "cuda":
+        return 132
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+def decode_splits(B: int, kv_heads: int, C: int, sms: int) -> int:
+    """Context splits of :func:`decode_attention` for ``B`` rows of a context bucket ``C``: enough
+    programs (rows x kv heads x splits) for two per multiprocessor, each split at least
+    :data:`DECODE_BLOCK` positions; 1 (no combine kernel) when the rows alone fill the GPU."""
+    want = -(-2 * sms // max(1, B * kv_heads))
+    return max(1, min(want, C // DECODE_BLOCK))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    pos: torch.Tensor,
+    C: int,
+    heads: int,
+    kv_heads: int,
+    splits: Optional[int] = None,
+) -> torch.Tensor:
+    """The talker's one-row decode attention (flash-decoding): ``q [B, H * hd]`` (head-major, the
+    query heads of kv group g at ``g * H / KV ..``) over ``k_cache``/``v_cache [B', KV, M, hd]``
+    (this layer's slots, B' >= B) at positions ``0 .. pos[b]`` of each row (``pos [B]`` on the
+    device, so a CUDA graph replays it for any positions below its bucket ``C``). Reads only the
+    cached positions, not the whole bucket as SDPA with a mask does. The context is cut into
+    ``splits`` parts (default :func:`decode_splits`) run in parallel and merged by a second
+    kernel. Returns ``o [B, H * hd]`` in q's dtype, the layout of :func:`_decode_sdpa`'s output
+    reshaped to rows."""
+    B = q.shape[0]
+    hd = k_cache.shape[-1]
+    assert q.is_contiguous() and q.shape[1] == heads * hd and heads % kv_heads == 0
+    assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride() and C <= k_cache.shape[2]
+    assert hd & (hd - 1) == 0
+    S = splits or decode_splits(B, kv_heads, C, _sm_count(q.device))
+    chunk = -(-C // S)  # positions per split: ceil(C / S), in whole blocks
+    chunk = -(-chunk // DECODE_BLOCK) * DECODE_BLOCK
+    rep = heads // kv_heads
+    RP = 1 << (rep - 1).bit_length()
+    o = torch.empty(B, heads * hd, device=q.device, dtype=q.dtype)
+    part = torch.empty(B * kv_heads * S * RP * (hd + 2) if S > 1 else 1, device=q.device, dtype=torch.float32)
+    pdl = _pdl(q)
+    with _on(q):
+        _decode_attn_kernel[(B, kv_heads, S)](
+            q,
+            k_cache,
+            v_cache,
+            pos,
+            part,
+            o,
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            float(hd) ** -0.5,
+            chunk,
+            H=heads,
+            KVH=kv_heads,
+            HD=hd,
+            RP=RP,
+            BLOCK=DECODE_BLOCK,
+            SPLITS=S,
+            GDC=pdl != "off",
+            num_warps=4,
+            **_launch_opts(pdl),
+        )
+        if S > 1:
+            _decode_combine_kernel[(B, kv_heads)](
+                part,
+                o,
+                H=heads,
+                KVH=kv_heads,
+                HD=hd,
+                RP=RP,
+                SPLITS=S,
+                GDC=pdl != "off",
+                num_warps=4,
+                **_launch_opts(pdl),
+            )
+    return o

@@ -471,17 +471,22 @@ class NativeModel:
     def _talker_triton(self, B: int, C: int, x: torch.Tensor) -> None:
         """:meth:`part_talker`'s layers on :mod:`.kernels` (``x [B, D]``, the step's input):
         per layer the q/k/v GEMM with the norm folded in, one kernel for q/k norm + RoPE + the
-        KV write, SDPA over the context bucket (the heads of each kv group folded into the query
-        length, as the torch fast path), o-proj + residual, gate/up + SwiGLU, down + residual."""
+        KV write, attention over each row's cached positions (:func:`kernels.decode_attention`;
+        with ``kernels.DECODE_ATTENTION`` "sdpa", SDPA over the context bucket with the heads of
+        each kv group folded into the query length, as the torch fast path), o-proj + residual, gate/up + SwiGLU, down + residual."""
         sl = slice(0, B)
         pos = self.pos[sl]
-        _, add_mask = self._decode_mask(pos, C, additive=True)
+        sdpa = nk.DECODE_ATTENTION == "sdpa"
+        add_mask = self._decode_mask(pos, C, additive=True)[1] if sdpa else None
         for i, ly in enumerate(self.layers):
             wqkv, wgu = self.tk_folded[i]
             qkv = nk.linear(x, wqkv, rms=True, eps=ly.eps)
             kc, vc = self.k_cache[i], self.v_cache[i]
             q = nk.rope_kv_write(qkv, ly.qk_w, self.cos, self.sin, pos, kc, vc, ly.heads, ly.kv_heads, ly.eps)
-            o = _decode_sdpa(ly, q, kc[sl, :, :C], vc[sl, :, :C], add_mask)
+            if sdpa:
+                o = _decode_sdpa(ly, q, kc[sl, :, :C], vc[sl, :, :C], add_mask)
+            else:
+                o = nk.decode_attention(q, kc, vc, pos, C, ly.heads, ly.kv_heads)
             x = nk.linear(o.reshape(B, -1), ly.wo, residual=x)
             a = nk.linear(x, wgu, rms=True, eps=ly.eps, swiglu=True)
             x = nk.linear(a, ly.wdown, residual=x)

@@ -3,3 +3,5 @@
 
 KERNELS = ("torch", "triton")  # NativeEngineConfig.kernels: the decode step's layers
 PDL_MODES = ("off", "on", "prefetch")  # kernels.set_pdl: programmatic dependent launch of the kernels
+# kernels.set_decode_attention: the talker's decode attention with kernels "triton"
+DECODE_ATTENTION_MODES = ("triton", "sdpa")
