@@ -7,6 +7,7 @@ row count, times the kernel under several tile configurations against the torch 
 kernels' tile choice lives in ``kernels.tiles``.
 
     python scripts/kernel_sweep.py --rows 1 64 --json sweep.json
+    python scripts/kernel_sweep.py --rows 1 64 --cold --json sweep_cold.json   # weights from DRAM
 """
 
 from __future__ import annotations
@@ -36,18 +37,18 @@ SHAPES = {  # name: (N, K, kind)
 }
 
 
-def _time(fn, iters: int) -> float:
-    """Median ms of a CUDA graph of 10 calls, replayed ``iters`` times (per call)."""
+def _time(fn, iters: int, calls: int = 10) -> float:
+    """Median ms of a CUDA graph of ``calls`` calls ``fn(i)``, replayed ``iters`` times (per call)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
+        for i in range(3):
+            fn(i)
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        for _ in range(10):
-            fn()
+        for i in range(calls):
+            fn(i)
     ts = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -55,7 +56,7 @@ def _time(fn, iters: int) -> float:
         g.replay()
         b.record()
         b.synchronize()
-        ts.append(a.elapsed_time(b) / 10)
+        ts.append(a.elapsed_time(b) / calls)
     return statistics.median(ts)
 
 
@@ -64,6 +65,20 @@ def main() -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 64])
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="each call reads another copy of the weights (copies of at least 4x the L2 cache in all), as in "
+        "the decode step, where a layer's weights are not in L2 when its GEMM runs; default: one copy, "
+        "10 calls (its weights stay in L2 after the first)",
+    )
+    ap.add_argument(
+        "--configs",
+        choices=("short", "wide"),
+        default="short",
+        help="short: N tiles 16/32/64 x K tiles 128/256 x (4 warps, 3 or 4 stages); wide: also 8 warps and 2 "
+        "or 5 stages",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
@@ -72,7 +87,14 @@ def main() -> int:
     for name, M in itertools.product(args.shapes, args.rows):
         N, K, kind = SHAPES[name]
         Nw = 2 * N if kind == "swiglu" else N
-        w = torch.randn(Nw, K, device=dev, dtype=dt) * 0.02
+        if args.cold:
+            l2 = torch.cuda.get_device_properties(0).L2_cache_size
+            copies = max(10, -(-4 * l2 // (Nw * K * 2)))
+        else:
+            copies = 1
+        ws = [torch.randn(Nw, K, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
+        w = ws[0]
+        calls = max(10, copies)
         x = torch.randn(M, K, device=dev, dtype=dt)
         ln = torch.ones(K, device=dev, dtype=dt)
         res = torch.randn(M, N, device=dev, dtype=dt)
@@ -83,9 +105,9 @@ def main() -> int:
             "head": dict(rms=True, out_dtype=torch.float32),
         }[kind]
 
-        def torch_ref():
+        def torch_ref(i):
             h = F.rms_norm(x, (K,), ln, 1e-6) if kind in ("rms", "swiglu", "head") else x
-            y = F.linear(h, w)
+            y = F.linear(h, ws[i % copies])
             if kind == "swiglu":
                 gg, u = y.split(N, dim=-1)
                 return F.silu(gg) * u
@@ -93,15 +115,17 @@ def main() -> int:
                 return res + y
             return y.float() if kind == "head" else y
 
-        row = {"gemm": name, "M": M, "N": N, "K": K, "torch_ms": _time(torch_ref, args.iters)}
+        row = {"gemm": name, "M": M, "N": N, "K": K, "cold": args.cold, "torch_ms": _time(torch_ref, args.iters, calls)}
         default = nk.tiles(M, N, K)
         best = None
-        for BN, BK, warps, stages in (
-            (bn, bk, w, st) for bn in (16, 32, 64) for bk in (128, 256) for w, st in ((4, 3), (4, 4))
-        ):
+        ws_st = ((4, 3), (4, 4)) if args.configs == "short" else ((4, 2), (4, 3), (4, 4), (4, 5), (8, 3), (8, 4))
+        cands = [(bn, bk, w_, st) for bn in (16, 32, 64) for bk in (128, 256) for w_, st in ws_st]
+        if default[1:] not in cands:
+            cands.append(default[1:])
+        for BN, BK, warps, stages in cands:
             cfg = (min(64, max(16, 1 << (M - 1).bit_length())), BN, BK, warps, stages)
             try:
-                ms = _time(lambda: nk.linear(x, w, config=cfg, **kw), args.iters)
+                ms = _time(lambda i: nk.linear(x, ws[i % copies], config=cfg, **kw), args.iters, calls)
             except Exception as e:  # noqa: BLE001 - a config the compiler refuses (shared memory)
                 ms = float("inf")
                 print(f"  {name} M={M} {cfg}: {type(e).__name__}")
