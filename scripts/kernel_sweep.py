@@ -93,7 +93,6 @@ def main() -> int:
         else:
             copies = 1
         ws = [torch.randn(Nw, K, device=dev, dtype=dt) * 0.02 for _ in range(copies)]
-        w = ws[0]
         calls = max(10, copies)
         x = torch.randn(M, K, device=dev, dtype=dt)
         ln = torch.ones(K, device=dev, dtype=dt)
