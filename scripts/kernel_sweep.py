@@ -115,7 +115,7 @@ def main() -> int:
             return y.float() if kind == "head" else y
 
         row = {"gemm": name, "M": M, "N": N, "K": K, "cold": args.cold, "torch_ms": _time(torch_ref, args.iters, calls)}
-        default = nk.tiles(M, N, K)
+        default = nk.tiles(M, N, K, swiglu=kind == "swiglu")
         best = None
         ws_st = ((4, 3), (4, 4)) if args.configs == "short" else ((4, 2), (4, 3), (4, 4), (4, 5), (8, 3), (8, 4))
         cands = [(bn, bk, w_, st) for bn in (16, 32, 64) for bk in (128, 256) for w_, st in ws_st]

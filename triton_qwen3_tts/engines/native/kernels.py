@@ -520,21 +520,34 @@ def tiles(M: int, N: int, K: int, elt: int = 2, swiglu: bool = False, smem: Opti
     ``elt``-byte elements on a GPU with ``smem`` bytes of shared memory per block (None: no bound).
 
     The decode GEMMs are skinny (M = batch rows, 1-128) and memory-bound: the weight is streamed
-    once per row tile. From the H100 sweeps of scripts/kernel_sweep.py (docs/benchmark-history.md,
-    run 28): up to 16 rows, one 16-row tile with 32-wide N tiles and 256-deep K tiles; above,
-    64-row tiles (32-row tiles made batch 32 slower than batch 64), 16-wide N tiles for N <= 1024
-    (o_proj, down: 64 programs) and 32-wide otherwise; 3 pipeline stages. The pipeline buffers
-    ``stages x (BM x BK + BK x BN per weight tile)`` elements (two weight tiles with ``swiglu``);
-    where that exceeds ``smem`` (smaller GPUs than the H100, fp32), stages and then K depth are
-    cut until it fits."""
-    BK = 256 if K % 256 == 0 else (128 if K % 128 == 0 else 64)
+    from DRAM once per row tile. The choices are the fastest of the H100 sweep with cold weights
+    (``scripts/kernel_sweep.py --cold --configs wide``, run 31b; docs/benchmark-history.md): one
+    16-row tile up to 16 rows, 64-row tiles above (32-row tiles made batch 32 slower than batch 64,
+    run 28). Up to 16 rows: 32-wide N tiles and 256-deep K tiles, 4 pipeline stages where K is
+    deep and N narrow (o_proj, down), and 64 x 128 tiles for the talker's wide gate/up. Above 16
+    rows: 16-wide N tiles where N is narrow for its K (more programs for o_proj and down), 8 warps
+    on 32 x 128 tiles for the wide projections, 64 x 128 for the talker's gate/up.
+    The pipeline buffers ``stages x (BM x BK + BK x BN per weight tile)`` elements (two weight
+    tiles with ``swiglu``); where that exceeds ``smem`` (smaller GPUs than the H100, fp32),
+    stages and then K depth are cut until it fits."""
+    deep = 256 if K % 256 == 0 else (128 if K % 128 == 0 else 64)
+    narrow = N <= 1024 or (N <= 2048 and K >= 2048)  # few output tiles for the weight's size
+    warps = 4
     if M <= 16:
-        BM, BN = 16, 32
-    elif N <= 1024:
-        BM, BN, BK = 64, 16, min(BK, 128)
+        BM = 16
+        if swiglu and N >= 4096:
+            BN, BK, stages = 64, min(deep, 128), 4
+        else:
+            BN, BK, stages = 32, deep, (4 if narrow and not swiglu else 3)
     else:
-        BM, BN = 64, 32
-    stages = 3
+        BM = 64
+        if swiglu:
+            BN, BK, stages = (64 if N >= 4096 else 32), min(deep, 128), (4 if N >= 4096 else 3)
+        elif narrow:
+            BN, BK = 16, (deep if K >= 3072 else min(deep, 128))
+            stages = 5 if BK == 128 or K >= 4096 else 4
+        else:
+            BN, BK, warps, stages = 32, min(deep, 128), 8, 4
     if smem is not None:
         need = lambda st, bk: st * (BM * bk + (2 if swiglu else 1) * bk * BN) * elt  # noqa: E731
         while need(stages, BK) > smem and (stages > 2 or BK > 32):
@@ -542,7 +555,7 @@ def tiles(M: int, N: int, K: int, elt: int = 2, swiglu: bool = False, smem: Opti
                 stages -= 1
             else:
                 BK //= 2
-    return BM, BN, BK, 4, stages
+    return BM, BN, BK, warps, stages
 
 
 _SMEM: dict = {}
@@ -741,6 +754,7 @@ def rope_kv_write(
 
 
 DECODE_BLOCK = 32  # cached positions per step of the decode-attention loop
+DECODE_MAX_CHUNK = 64  # cached positions per decode-attention program at most
 _SMS: dict = {}
 
 
@@ -757,9 +771,11 @@ def _sm_count(device: torch.device) -> int:
 
 def decode_splits(B: int, kv_heads: int, C: int, sms: int) -> int:
     """Context splits of :func:`decode_attention` for ``B`` rows of a context bucket ``C``: enough
-    programs (rows x kv heads x splits) for two per multiprocessor, each split at least
-    :data:`DECODE_BLOCK` positions; 1 (no combine kernel) when the rows alone fill the GPU."""
-    want = -(-2 * sms // max(1, B * kv_heads))
+    programs (rows x kv heads x splits) for two per multiprocessor, and at most
+    :data:`DECODE_MAX_CHUNK` positions per split (one program's serial loop over a whole long
+    context is slow: run 31b, 64 rows of 300 positions, 90 us per layer against SDPA's 68), each
+    split at least :data:`DECODE_BLOCK` positions."""
+    want = max(-(-2 * sms // max(1, B * kv_heads)), -(-C // DECODE_MAX_CHUNK))
     return max(1, min(want, C // DECODE_BLOCK))
 
 
