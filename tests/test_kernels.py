@@ -66,9 +66,9 @@ def test_decode_attention_matches_softmax_over_each_rows_positions(interp):
     # heads per kv head
     assert interp["decode_attn_float32"] < 1e-4
     assert interp["decode_attn_bfloat16"] < 2e-2  # bf16 output rounding of values of order 1
-    # B=1 splits its 512-position bucket 16 ways (33 wanted); at most 64 positions per split
-    # whatever the rows (one program's loop over 300 positions made B=64 slower than SDPA, run 31b)
-    assert interp["decode_splits"] == [16, 2, 8, 8]
+    # B=1 splits its 512-position bucket 8 ways (33 wanted, at least 64 positions each); at most
+    # 128 positions per split whatever the rows
+    assert interp["decode_splits"] == [8, 1, 5, 4]
 
 
 @needs_triton

@@ -418,14 +418,19 @@ if triton is not None:
         KVH: tl.constexpr,
         HD: tl.constexpr,
         RP: tl.constexpr,
+        QB: tl.constexpr,
         BLOCK: tl.constexpr,
         SPLITS: tl.constexpr,
+        UPCAST: tl.constexpr,
+        IEEE: tl.constexpr,
         GDC: tl.constexpr,
     ):
-        """One (row b, kv head g, split s): the REP query heads of g over the row's cached
-        positions ``s * CHUNK ..`` up to ``min((s + 1) * CHUNK, pos[b] + 1)``, online softmax in
-        fp32. One split: the normalised output into ``o``; more: the split's running max, sum
-        and unnormalised output into ``part`` for :func:`_decode_combine_kernel`."""
+        """One (row b, kv head g, split s): the REP query heads of g (a ``QB``-row tile, the
+        rest zero, for the tensor-core dots) over the row's cached positions ``s * CHUNK ..``
+        up to ``min((s + 1) * CHUNK, pos[b] + 1)``, ``BLOCK`` at a time, online softmax in fp32
+        (the probabilities rounded to the model dtype for the second dot, as flash attention
+        does). One split: the normalised output into ``o``; more: the split's running max, sum
+        and unnormalised output (``RP`` rows) into ``part`` for :func:`_decode_combine_kernel`."""
         REP: tl.constexpr = H // KVH
         W: tl.constexpr = HD + 2  # one part row: HD outputs, the max, the sum
         if GDC:
@@ -434,40 +439,41 @@ if triton is not None:
         b = tl.program_id(0).to(tl.int64)
         g = tl.program_id(1)
         sp = tl.program_id(2)
-        r = tl.arange(0, RP)
+        r = tl.arange(0, QB)
         r_ok = r < REP
         d = tl.arange(0, HD)
         length = tl.load(pos_ptr + b) + 1
         start = sp * CHUNK
         end = tl.minimum(start + CHUNK, length)
         q_at = b * (H * HD) + (g * REP + r)[:, None] * HD + d[None, :]
-        q = tl.load(q_ptr + q_at, mask=r_ok[:, None], other=0.0).to(tl.float32) * scale
-        m = tl.full((RP,), float("-inf"), tl.float32)
-        l_sum = tl.zeros((RP,), tl.float32)
-        acc = tl.zeros((RP, HD), tl.float32)
+        q = tl.load(q_ptr + q_at, mask=r_ok[:, None], other=0.0)
+        m = tl.full((QB,), float("-inf"), tl.float32)
+        l_sum = tl.zeros((QB,), tl.float32)
+        acc = tl.zeros((QB, HD), tl.float32)
         kc = kc_ptr + b * stride_cb + g * stride_ch
         vc = vc_ptr + b * stride_cb + g * stride_ch
         for n0 in range(start, end, BLOCK):
             n = n0 + tl.arange(0, BLOCK)
             n_ok = n < end
-            k = tl.load(kc + n[:, None] * stride_cp + d[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
-            sc = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [RP, BLOCK]
+            kt = tl.load(kc + n[None, :] * stride_cp + d[:, None], mask=n_ok[None, :], other=0.0)  # [HD, BLOCK]
+            sc = _dot(q, kt, UPCAST, IEEE) * scale  # [QB, BLOCK]
             sc = tl.where(n_ok[None, :], sc, float("-inf"))
             m_new = tl.maximum(m, tl.max(sc, axis=1))  # finite: every block has a valid position
             alpha = tl.exp(m - m_new)
             pr = tl.exp(sc - m_new[:, None])
-            v = tl.load(vc + n[:, None] * stride_cp + d[None, :], mask=n_ok[:, None], other=0.0).to(tl.float32)
+            v = tl.load(vc + n[:, None] * stride_cp + d[None, :], mask=n_ok[:, None], other=0.0)  # [BLOCK, HD]
             l_sum = l_sum * alpha + tl.sum(pr, axis=1)
-            acc = acc * alpha[:, None] + tl.sum(pr[:, :, None] * v[None, :, :], axis=1)
+            acc = acc * alpha[:, None] + _dot(pr.to(v.dtype), v, UPCAST, IEEE)
             m = m_new
         if SPLITS == 1:
             out = acc / l_sum[:, None]
             tl.store(o_ptr + q_at, out.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
         else:
+            keep = r < RP
             base = part_ptr + ((b * KVH + g) * SPLITS + sp) * (RP * W) + r * W
-            tl.store(base[:, None] + d[None, :], acc)
-            tl.store(base + HD, m)
-            tl.store(base + HD + 1, l_sum)
+            tl.store(base[:, None] + d[None, :], acc, mask=keep[:, None])
+            tl.store(base + HD, m, mask=keep)
+            tl.store(base + HD + 1, l_sum, mask=keep)
 
     @triton.jit
     def _decode_combine_kernel(
@@ -753,8 +759,9 @@ def rope_kv_write(
     return q
 
 
-DECODE_BLOCK = 32  # cached positions per step of the decode-attention loop
-DECODE_MAX_CHUNK = 64  # cached positions per decode-attention program at most
+DECODE_BLOCK = 64  # cached positions per step of the decode-attention loop
+DECODE_MAX_CHUNK = 128  # cached positions per decode-attention program at most
+DECODE_QB = 16  # the query tile's rows (a kv group's query heads, zero-padded): the dots' minimum
 _SMS: dict = {}
 
 
@@ -773,7 +780,7 @@ def decode_splits(B: int, kv_heads: int, C: int, sms: int) -> int:
     """Context splits of :func:`decode_attention` for ``B`` rows of a context bucket ``C``: enough
     programs (rows x kv heads x splits) for two per multiprocessor, and at most
     :data:`DECODE_MAX_CHUNK` positions per split (one program's serial loop over a whole long
-    context is slow: run 31b, 64 rows of 300 positions, 90 us per layer against SDPA's 68), each
+    context was slow: run 31b, 64 rows of 300 positions, 90 us per layer against SDPA's 68), each
     split at least :data:`DECODE_BLOCK` positions."""
     want = max(-(-2 * sms // max(1, B * kv_heads)), -(-C // DECODE_MAX_CHUNK))
     return max(1, min(want, C // DECODE_BLOCK))
@@ -827,10 +834,14 @@ def decode_attention(
             KVH=kv_heads,
             HD=hd,
             RP=RP,
+            QB=max(DECODE_QB, RP),
             BLOCK=DECODE_BLOCK,
             SPLITS=S,
+            UPCAST=_INTERPRET,
+            IEEE=q.dtype == torch.float32,
             GDC=pdl != "off",
             num_warps=4,
+            num_stages=2,
             **_launch_opts(pdl),
         )
         if S > 1:
