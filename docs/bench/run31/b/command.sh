@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# run 31b: the step with the flash-decoding talker attention against SDPA (same machine), then the
+# linear kernel's tile sweep with cold weights
+O=$OUT; export OUT=/tmp/r31b; mkdir -p $OUT
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv > $OUT/gpu.txt
+{
+  source scripts/gpu_env.sh
+  for da in triton sdpa; do
+    echo "== profile $da $(date +%T)"
+    K=""; [ $da = triton ] && K="--profile-kernels 1 64"
+    timeout 200 python benchmark/benchmark_model.py --checkpoint "$CKPT" --engine native --device cuda --dtype bfloat16 \
+      --profile-step --profile-ctx 300 --batch-buckets 1 8 32 64 --compile --kernels triton --decode-attention $da \
+      $K --json $OUT/profile_step_$da.json
+    echo "exit $? $(date +%T)"
+  done
+  echo "== sweep $(date +%T)"
+  timeout 250 python scripts/kernel_sweep.py --rows 1 64 --cold --configs wide --json $OUT/sweep_cold.json
+  echo "exit $? $(date +%T)"
+} > $OUT/console.txt 2>&1
+grep -v "^  *[0-9.]* *[0-9.]* *[0-9.]*  void\|UserWarning\|_warn_once" $OUT/console.txt | tail -75 | cut -c1-190
+tar czf $O/r31b.tar.gz -C /tmp r31b
