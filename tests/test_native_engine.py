@@ -244,6 +244,43 @@ def test_greedy_prefill_buckets_as_in_graph_mode(tiny_checkpoint, ref, loop):
         eng.shutdown()
 
 
+def test_first_token_eos_only_where_min_new_tokens_allows_it(tiny_checkpoint, ref, loop):
+    """A head that always says EOS: with min_new_tokens 0 the prefill's first token ends the
+    request (no frames; the admission reads it back), with 1 the prefill masks EOS (the
+    admission skips that read) and the request ends after its first frame, as the reference."""
+    from triton_qwen3_tts.engines.native.engine import _eos_masked_at_prefill
+
+    talker, pad = ref
+    d = talker.config.hidden_size
+    eng = NativeEngine(tiny_checkpoint, _cfg(max_num_seqs=2, batch_buckets=(1, 2)))
+    loop.run_until_complete(eng.start())
+    head = eng.model.talker.codec_head.weight
+    eos = talker.config.codec_eos_token_id
+    saved_e, saved_r = head.data[eos].clone(), talker.codec_head.weight.data[eos].clone()
+    try:
+        pe, tr = _prompt(d, 6, 2, seed=11)
+        g = torch.Generator().manual_seed(0)
+        for _ in range(20):  # an EOS row that wins the prompt's first token by a wide margin
+            row = 1e3 * torch.sign(torch.randn(d, generator=g))
+            for w in (head, talker.codec_head.weight):
+                w.data[eos] = row
+            if len(_reference(talker, pad, pe, tr, 30, min_new_tokens=0)) == 0:
+                break
+        for mn in (0, 1):
+            req = TalkerRequest(
+                request_id=f"f{mn}", prompt_embeds=pe, trailing=tr, max_frames=30, greedy=True, min_new_tokens=mn
+            )
+            assert _eos_masked_at_prefill(req) == (mn >= 1)
+            got = loop.run_until_complete(_collect(eng, req))
+            want = np.asarray(_reference(talker, pad, pe, tr, 30, min_new_tokens=mn))
+            assert (len(want) == 0) == (mn == 0)  # the first token is EOS unless masked
+            np.testing.assert_array_equal(got.reshape(-1, 16), want.reshape(-1, 16))
+    finally:
+        head.data[eos] = saved_e
+        talker.codec_head.weight.data[eos] = saved_r
+        eng.shutdown()
+
+
 def test_greedy_eos_and_min_new_tokens(tiny_checkpoint, ref, loop):
     """A head biased to EOS: the engine stops exactly where the reference does."""
     talker, pad = ref

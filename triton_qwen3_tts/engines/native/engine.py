@@ -118,6 +118,13 @@ class _Req:
 _END = object()
 
 
+def _eos_masked_at_prefill(req: TalkerRequest) -> bool:
+    """The prefill's first codebook-0 token cannot be EOS: ``NativeModel.process_c0`` masks it
+    while fewer than ``min_new_tokens`` tokens were sampled (none at the prefill) or with
+    ``suppress_eos``."""
+    return bool(req.suppress_eos) or int(req.min_new_tokens) >= 1
+
+
 class NativeEngine:
     """Async native talker engine. ``engine = await NativeEngine.create(ckpt, cfg)``."""
 
@@ -341,8 +348,10 @@ class NativeEngine:
     @torch.inference_mode()
     def _admit_many(self, rs: List[_Req]) -> List[bool]:
         """Put ``rs`` into the next free slots and prefill them, batched (groups within
-        ``prefill_max_tokens``). Returns, per request, whether its first c0 is already EOS (one
-        host sync for the whole admission)."""
+        ``prefill_max_tokens``). Returns, per request, whether its first c0 is already EOS: one
+        host read for the whole admission, and none when no request can end there (EOS is masked
+        in the prefill's sampling for ``min_new_tokens >= 1`` or ``suppress_eos``, the default
+        requests' case), so the GPU's prefill overlaps the loop's next host work."""
         m = self.model
         a, P = len(self._active), len(rs)
         m.reset_rows(a, a + P)
@@ -399,6 +408,8 @@ class NativeEngine:
         for group in self._prefill_groups(rs):
             self._prefill(a + i, group)
             i += len(group)
+        if all(_eos_masked_at_prefill(r.req) for r in rs):
+            return [False] * P
         return [int(c) == m.eos for c in m.c0[a : a + P].cpu()]
 
     def _pf_key(self, P: int, L: int):
