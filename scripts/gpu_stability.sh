@@ -85,6 +85,11 @@ case $MODE in
       --no-progress --out-json $W/soak.json > $W/soak.txt 2>&1; echo \$? > $W/soak.rc" < /dev/null > /dev/null 2>&1 &
     echo "soak started: $SOAK_MIN min at $SOAK_RPS req/s" ;;
   soak-wait)
+    # a fresh machine (the one that started the soak went back: idle for 30 s, or its 30 minutes
+    # held) has no soak: say so at once instead of waiting out the call
+    if [ ! -f "$W/soak.txt" ] && [ ! -f "$W/soak.rc" ]; then
+      echo "no soak on this machine: soak-start ran on another one, which went back before this call"; exit 1
+    fi
     while [ ! -f "$W/soak.rc" ]; do sleep 5; done
     echo "soak exit $(cat "$W/soak.rc")"; tail -25 "$W/soak.txt"
     collect "$TAG" 2>&1 | tee "$OUT/summary_$TAG.txt" ;;

@@ -85,9 +85,14 @@ def test_talker_kernels_choice():
 
     base = {"checkpoint": "ck", "engine": "native"}
     assert TalkerModelConfig.from_parameters(base).native_kernels == "torch"
+    # auto: the torch blocks on the CPU and for vLLM, resolved at load on a GPU
+    auto = {**base, "native_kernels": "auto"}
+    assert TalkerModelConfig.from_parameters({**auto, "device": "cpu"}).kernels_wanted() == "torch"
+    assert TalkerModelConfig.from_parameters({**auto, "engine": "vllm"}).kernels_wanted() == "torch"
+    assert TalkerModelConfig.from_parameters({**auto, "device": "cuda"}).kernels_wanted() == "auto"
     cfg = TalkerModelConfig.from_parameters({**base, "native_kernels": "triton", "device": "cuda"})
-    assert cfg.native_kernels == "triton"
-    with pytest.raises(ModelConfigError, match="native_kernels.*torch, triton.*'cuda'"):
+    assert cfg.native_kernels == "triton" and cfg.kernels_wanted() == "triton"
+    with pytest.raises(ModelConfigError, match="native_kernels.*auto, torch, triton.*'cuda'"):
         TalkerModelConfig.from_parameters({**base, "native_kernels": "cuda"})
     with pytest.raises(ModelConfigError, match="native_kernels' triton needs engine native on a gpu"):
         TalkerModelConfig.from_parameters({**base, "native_kernels": "triton", "device": "cpu"})
@@ -109,3 +114,25 @@ def test_prompt_device_resolves_to_the_native_engines_gpu():
     assert dev(engine="native", device="cuda", prompt_device="cpu") == "cpu"
     with pytest.raises(ModelConfigError, match="prompt_device.*auto, cpu.*'gpu'"):
         dev(engine="native", prompt_device="gpu")
+
+
+def test_native_kernels_auto_falls_back_to_torch_where_the_kernels_cannot_run(monkeypatch):
+    """auto is the Triton kernels where the GPU runs them, the torch blocks with a logged reason
+    where it does not (no triton, an old GPU, a failing self-test); explicit choices pass."""
+    pytest.importorskip("torch")
+    from triton_qwen3_tts.engines.native import kernels as nk
+    from triton_qwen3_tts.serving.model_config import TalkerModelConfig
+    from triton_qwen3_tts.serving.talker.engines import native_kernels
+
+    base = {"checkpoint": "ck", "engine": "native", "native_kernels": "auto"}
+    assert native_kernels(TalkerModelConfig.from_parameters({**base, "device": "cpu"})) == "torch"
+    gpu = TalkerModelConfig.from_parameters({**base, "device": "cuda"})
+    monkeypatch.setattr(nk, "unavailable_reason", lambda dev: None)
+    monkeypatch.setattr(nk, "self_test", lambda dev, dt: None)
+    assert native_kernels(gpu) == "triton"
+    monkeypatch.setattr(nk, "self_test", lambda dev, dt: "the kernels do not compile or run here")
+    assert native_kernels(gpu) == "torch"
+    monkeypatch.setattr(nk, "unavailable_reason", lambda dev: "compute capability 7.5 is older than 8.0")
+    assert native_kernels(gpu) == "torch"
+    explicit = TalkerModelConfig.from_parameters({**base, "device": "cuda", "native_kernels": "torch"})
+    assert native_kernels(explicit) == "torch"

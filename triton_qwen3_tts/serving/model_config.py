@@ -191,6 +191,14 @@ class TalkerModelConfig:
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ModelConfigError("parameter 'gpu_memory_utilization' must be in (0, 1]")
 
+    def kernels_wanted(self) -> str:
+        """``native_kernels`` where no GPU check is needed: ``torch`` for ``auto`` on the CPU,
+        else the setting (``auto`` on a GPU is resolved at load: :func:`serving.talker.engines.
+        native_kernels`)."""
+        if self.native_kernels == "auto" and (self.engine != "native" or self.device == "cpu"):
+            return "torch"
+        return self.native_kernels
+
     def prompt_projection_device(self) -> str:
         """The device ``prompt_device`` resolves to: the native engine's GPU for ``auto`` (vLLM's
         engine lives in processes of its own, so this process keeps no CUDA context for it)."""

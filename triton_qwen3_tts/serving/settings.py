@@ -199,8 +199,10 @@ SETTINGS: Tuple[Setting, ...] = (
         "native_kernels",
         "torch",
         "native engine: the decode step's layers (talker and code predictor) as torch blocks, or as "
-        "fused Triton kernels (gpu only)",
-        choices=KERNELS,
+        "fused Triton kernels (gpu only); 'auto' = the kernels on a GPU that runs them (compute "
+        "capability 8.0 or newer, Triton installed, their self-test passing), the torch blocks otherwise (the "
+        "default becomes auto once the fused pipeline has had a soak on the kernels)",
+        choices=("auto", *KERNELS),
         group="talker",
     ),
     Setting(

@@ -3,15 +3,38 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 
 from triton_qwen3_tts.serving.model_config import TalkerModelConfig
+
+log = logging.getLogger(__name__)
 
 
 def make_frontend(cfg: TalkerModelConfig):
     from triton_qwen3_tts.model.frontend import PromptFrontend
 
     return PromptFrontend(cfg.checkpoint, project_device=cfg.prompt_projection_device())
+
+
+def native_kernels(cfg: TalkerModelConfig) -> str:
+    """The native engine's ``kernels`` for ``native_kernels``: ``auto`` is ``triton`` where this
+    GPU runs the Triton kernels (``kernels.unavailable_reason`` and ``kernels.self_test``, which
+    compiles and checks one small kernel), else ``torch``, logged with the reason."""
+    want = cfg.kernels_wanted()
+    if want != "auto":
+        return want
+    import torch
+
+    from triton_qwen3_tts.engines.native import kernels as nk
+
+    dev = torch.device(cfg.device)
+    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[cfg.dtype]
+    why = nk.unavailable_reason(dev) or nk.self_test(dev, dtype)
+    if why:
+        log.warning("native_kernels auto: the torch blocks (%s)", why)
+        return "torch"
+    return "triton"
 
 
 async def make_engine(cfg: TalkerModelConfig):
@@ -48,7 +71,7 @@ async def make_engine(cfg: TalkerModelConfig):
             cuda_graphs=not cfg.enforce_eager,
             seed=cfg.seed,
             compile=cfg.native_compile and cfg.device.startswith("cuda"),
-            kernels=cfg.native_kernels,
+            kernels=native_kernels(cfg),
             **extra,
         ),
     )
