@@ -23,6 +23,11 @@ TAG=${TAG:-$MODE}
 OUT=${OUT:-out}; mkdir -p "$OUT"
 W=/tmp/stability; mkdir -p "$W"
 REPO_ARGS=${REPO_ARGS:-"--native-compile true --native-batch-buckets 1,8,32,64 --codec-mode stateful --first-chunk-frames 1 --chunk-frames 50 --codec-max-batch-size 32"}
+# a fresh machine (the one that started the soak went back: idle for 30 s, or its 30 minutes held)
+# has no soak: say so before the environment's set-up, instead of waiting out the call
+if [ "$MODE" = soak-wait ] && [ ! -f "$W/soak.txt" ] && [ ! -f "$W/soak.rc" ]; then
+  echo "no soak on this machine: soak-start ran on another one, which went back before this call"; exit 1
+fi
 source scripts/gpu_env.sh
 STUB=$TRITON_HOME/triton/backends/python/triton_python_backend_stub
 
@@ -80,16 +85,12 @@ case $MODE in
     collect "$TAG" 2>&1 | tee "$OUT/summary_$TAG.txt" ;;
   soak-start)
     start_server
+    rm -f "$W/soak.rc" "$W/soak.txt"  # an earlier soak's result on this machine is not this one's
     setsid bash -c "timeout $((SOAK_MIN * 60 + 240)) python benchmark/benchmark_service.py --url 127.0.0.1:18001 \
       --rate $SOAK_RPS --streams $STREAMS --fixed-frames $FRAMES --duration $((SOAK_MIN * 60)) --warmup 2 --timeout 45 \
       --no-progress --out-json $W/soak.json > $W/soak.txt 2>&1; echo \$? > $W/soak.rc" < /dev/null > /dev/null 2>&1 &
     echo "soak started: $SOAK_MIN min at $SOAK_RPS req/s" ;;
   soak-wait)
-    # a fresh machine (the one that started the soak went back: idle for 30 s, or its 30 minutes
-    # held) has no soak: say so at once instead of waiting out the call
-    if [ ! -f "$W/soak.txt" ] && [ ! -f "$W/soak.rc" ]; then
-      echo "no soak on this machine: soak-start ran on another one, which went back before this call"; exit 1
-    fi
     while [ ! -f "$W/soak.rc" ]; do sleep 5; done
     echo "soak exit $(cat "$W/soak.rc")"; tail -25 "$W/soak.txt"
     collect "$TAG" 2>&1 | tee "$OUT/summary_$TAG.txt" ;;

@@ -122,7 +122,7 @@ def main() -> int:
         if default[1:] not in cands:
             cands.append(default[1:])
         for BN, BK, warps, stages in cands:
-            cfg = (min(64, max(16, 1 << (M - 1).bit_length())), BN, BK, warps, stages)
+            cfg = (default[0], BN, BK, warps, stages)  # tiles()' row tile for M
             try:
                 ms = _time(lambda i: nk.linear(x, ws[i % copies], config=cfg, **kw), args.iters, calls)
             except Exception as e:  # noqa: BLE001 - a config the compiler refuses (shared memory)

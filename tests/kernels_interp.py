@@ -26,7 +26,10 @@ from triton_qwen3_tts.model.talker import Talker  # noqa: E402
 
 
 def _maxdiff(a, b) -> float:
-    return float((a.float() - b.float()).abs().max())
+    """The largest absolute difference; inf where either holds a NaN or an infinity (so that
+    ``max`` over several never hides one: ``max(0.0, nan)`` is 0.0)."""
+    d = (a.float() - b.float()).abs()
+    return float(d.max()) if bool(torch.isfinite(d).all()) else float("inf")
 
 
 def check_linear(out: dict) -> None:

@@ -245,9 +245,9 @@ def test_greedy_prefill_buckets_as_in_graph_mode(tiny_checkpoint, ref, loop):
 
 
 def test_first_token_eos_only_where_min_new_tokens_allows_it(tiny_checkpoint, ref, loop):
-    """A head that always says EOS: with min_new_tokens 0 the prefill's first token ends the
+    """An EOS row that wins the prompt's first token: with min_new_tokens 0 that token ends the
     request (no frames; the admission reads it back), with 1 the prefill masks EOS (the
-    admission skips that read) and the request ends after its first frame, as the reference."""
+    admission skips that read) and the request runs on, as the reference."""
     from triton_qwen3_tts.engines.native.engine import _eos_masked_at_prefill
 
     talker, pad = ref
@@ -266,7 +266,11 @@ def test_first_token_eos_only_where_min_new_tokens_allows_it(tiny_checkpoint, re
                 w.data[eos] = row
             if len(_reference(talker, pad, pe, tr, 30, min_new_tokens=0)) == 0:
                 break
+        reads = []
+        read = eng._first_tokens_eos
+        eng._first_tokens_eos = lambda a, P: reads.append(P) or read(a, P)  # the admission's host read
         for mn in (0, 1):
+            reads.clear()
             req = TalkerRequest(
                 request_id=f"f{mn}", prompt_embeds=pe, trailing=tr, max_frames=30, greedy=True, min_new_tokens=mn
             )
@@ -275,6 +279,7 @@ def test_first_token_eos_only_where_min_new_tokens_allows_it(tiny_checkpoint, re
             want = np.asarray(_reference(talker, pad, pe, tr, 30, min_new_tokens=mn))
             assert (len(want) == 0) == (mn == 0)  # the first token is EOS unless masked
             np.testing.assert_array_equal(got.reshape(-1, 16), want.reshape(-1, 16))
+            assert reads == ([1] if mn == 0 else [])  # read back only where EOS can come first
     finally:
         head.data[eos] = saved_e
         talker.codec_head.weight.data[eos] = saved_r

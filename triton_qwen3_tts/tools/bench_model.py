@@ -450,8 +450,9 @@ def profile_kernels(graph, replays: int, before=None) -> dict:
             if us is None:
                 us = e.cuda_time
             events.append((e.name, us))
-    # the replays' fill_ kernels (``before``) are not the step's
-    events = [(n, us) for n, us in events if "FillFunctor" not in n]
+    # the replays' ``pos.fill_`` (``before``, an int64 fill) is not the step's; the step's own
+    # fills (a float mask) stay
+    events = [(n, us) for n, us in events if "FillFunctor<long>" not in n]
     return kernel_table(events, replays)
 
 

@@ -410,6 +410,12 @@ class NativeEngine:
             i += len(group)
         if all(_eos_masked_at_prefill(r.req) for r in rs):
             return [False] * P
+        return self._first_tokens_eos(a, P)
+
+    def _first_tokens_eos(self, a: int, P: int) -> List[bool]:
+        """Whether the prefill's first token of slots ``a .. a + P - 1`` is EOS: a host read,
+        which waits for the prefill."""
+        m = self.model
         return [int(c) == m.eos for c in m.c0[a : a + P].cpu()]
 
     def _pf_key(self, P: int, L: int):

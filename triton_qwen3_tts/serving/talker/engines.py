@@ -30,7 +30,10 @@ def native_kernels(cfg: TalkerModelConfig) -> str:
 
     dev = torch.device(cfg.device)
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[cfg.dtype]
-    why = nk.unavailable_reason(dev) or nk.self_test(dev, dtype)
+    try:
+        why = nk.unavailable_reason(dev) or nk.self_test(dev, dtype)
+    except Exception as e:  # noqa: BLE001 - e.g. a driver that cannot report the GPU's capability
+        why = f"{type(e).__name__}: {e}"
     if why:
         log.warning("native_kernels auto: the torch blocks (%s)", why)
         return "torch"
