@@ -565,18 +565,21 @@ def tiles(M: int, N: int, K: int, elt: int = 2, swiglu: bool = False, smem: Opti
     return BM, BN, BK, warps, stages
 
 
-_SMEM: dict = {}
+_PROPS: dict = {}  # device index -> Triton's device properties
+
+
+def _props(device: torch.device) -> dict:
+    """Triton's properties of CUDA ``device`` (``max_shared_mem``, ``multiprocessor_count``, ...),
+    read once per device."""
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _PROPS:
+        _PROPS[idx] = triton.runtime.driver.active.utils.get_device_properties(idx)
+    return _PROPS[idx]
 
 
 def _smem_limit(device: torch.device) -> Optional[int]:
-    """Shared memory per block of ``device`` in bytes (None off the GPU), read once per device."""
-    if device.type != "cuda":
-        return None
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMEM:
-        props = triton.runtime.driver.active.utils.get_device_properties(idx)
-        _SMEM[idx] = int(props["max_shared_mem"])
-    return _SMEM[idx]
+    """Shared memory per block of ``device`` in bytes (None off the GPU)."""
+    return int(_props(device)["max_shared_mem"]) if device.type == "cuda" else None
 
 
 def _on(t: torch.Tensor):
@@ -763,18 +766,12 @@ def rope_kv_write(
 DECODE_BLOCK = 64  # cached positions per step of the decode-attention loop
 DECODE_MAX_CHUNK = 128  # cached positions per decode-attention program at most
 DECODE_QB = 16  # the query tile's rows (a kv group's query heads, zero-padded): the dots' minimum
-_SMS: dict = {}
 
 
 def _sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (132 off the GPU: the H100's, so that the
     interpreter's tests split as a GPU would)."""
-    if device.type != "cuda":
-        return 132
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
+    return int(_props(device)["multiprocessor_count"]) if device.type == "cuda" else 132
 
 
 def decode_splits(B: int, kv_heads: int, C: int, sms: int) -> int:
