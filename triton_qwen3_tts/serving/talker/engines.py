@@ -27,11 +27,11 @@ def native_kernels(cfg: TalkerModelConfig) -> str:
     import torch
 
     from triton_qwen3_tts.engines.native import kernels as nk
+    from triton_qwen3_tts.serving.codec.runtime import torch_dtype
 
     dev = torch.device(cfg.device)
-    dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[cfg.dtype]
     try:
-        why = nk.unavailable_reason(dev) or nk.self_test(dev, dtype)
+        why = nk.unavailable_reason(dev) or nk.self_test(dev, torch_dtype(cfg.dtype))
     except Exception as e:  # noqa: BLE001 - e.g. a driver that cannot report the GPU's capability
         why = f"{type(e).__name__}: {e}"
     if why:
