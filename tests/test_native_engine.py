@@ -3,6 +3,7 @@ reference ``generate_codes`` under continuous batching (staggered joins, differe
 aborts free their slots, seeded sampling is reproducible, limits are refused."""
 
 import asyncio
+import contextlib
 import random
 
 import numpy as np
@@ -244,6 +245,29 @@ def test_greedy_prefill_buckets_as_in_graph_mode(tiny_checkpoint, ref, loop):
         eng.shutdown()
 
 
+@contextlib.contextmanager
+def _eos_row_engine(tiny_checkpoint, talker, loop):
+    """A started two-slot engine and ``set_row(f)``, which replaces the EOS row of its codec head
+    and of the reference ``talker``'s by ``f(row)``; both rows restored and the engine shut down
+    after."""
+    eng = NativeEngine(tiny_checkpoint, _cfg(max_num_seqs=2, batch_buckets=(1, 2)))
+    loop.run_until_complete(eng.start())
+    eos = talker.config.codec_eos_token_id
+    heads = (eng.model.talker.codec_head.weight, talker.codec_head.weight)
+    saved = [h.data[eos].clone() for h in heads]
+
+    def set_row(f) -> None:
+        for h in heads:
+            h.data[eos] = f(h.data[eos])
+
+    try:
+        yield eng, set_row
+    finally:
+        for h, row in zip(heads, saved):
+            h.data[eos] = row
+        eng.shutdown()
+
+
 def test_first_token_eos_only_where_min_new_tokens_allows_it(tiny_checkpoint, ref, loop):
     """An EOS row that wins the prompt's first token: with min_new_tokens 0 that token ends the
     request (no frames; the admission reads it back), with 1 the prefill masks EOS (the
@@ -252,18 +276,12 @@ def test_first_token_eos_only_where_min_new_tokens_allows_it(tiny_checkpoint, re
 
     talker, pad = ref
     d = talker.config.hidden_size
-    eng = NativeEngine(tiny_checkpoint, _cfg(max_num_seqs=2, batch_buckets=(1, 2)))
-    loop.run_until_complete(eng.start())
-    head = eng.model.talker.codec_head.weight
-    eos = talker.config.codec_eos_token_id
-    saved_e, saved_r = head.data[eos].clone(), talker.codec_head.weight.data[eos].clone()
-    try:
+    with _eos_row_engine(tiny_checkpoint, talker, loop) as (eng, set_row):
         pe, tr = _prompt(d, 6, 2, seed=11)
         g = torch.Generator().manual_seed(0)
         for _ in range(20):  # an EOS row that wins the prompt's first token by a wide margin
             row = 1e3 * torch.sign(torch.randn(d, generator=g))
-            for w in (head, talker.codec_head.weight):
-                w.data[eos] = row
+            set_row(lambda _: row)
             if len(_reference(talker, pad, pe, tr, 30, min_new_tokens=0)) == 0:
                 break
         reads = []
@@ -280,25 +298,15 @@ def test_first_token_eos_only_where_min_new_tokens_allows_it(tiny_checkpoint, re
             assert (len(want) == 0) == (mn == 0)  # the first token is EOS unless masked
             np.testing.assert_array_equal(got.reshape(-1, 16), want.reshape(-1, 16))
             assert reads == ([1] if mn == 0 else [])  # read back only where EOS can come first
-    finally:
-        head.data[eos] = saved_e
-        talker.codec_head.weight.data[eos] = saved_r
-        eng.shutdown()
 
 
 def test_greedy_eos_and_min_new_tokens(tiny_checkpoint, ref, loop):
     """A head biased to EOS: the engine stops exactly where the reference does."""
     talker, pad = ref
     d = talker.config.hidden_size
-    eng = NativeEngine(tiny_checkpoint, _cfg(max_num_seqs=2, batch_buckets=(1, 2)))
-    loop.run_until_complete(eng.start())
-    head = eng.model.talker.codec_head.weight
-    eos = talker.config.codec_eos_token_id
-    saved_e, saved_r = head.data[eos].clone(), talker.codec_head.weight.data[eos].clone()
-    try:
+    with _eos_row_engine(tiny_checkpoint, talker, loop) as (eng, set_row):
         bias = torch.randn(d, generator=torch.Generator().manual_seed(3)) * 0.5
-        head.data[eos] += bias
-        talker.codec_head.weight.data[eos] += bias
+        set_row(lambda r: r + bias)
         outs = []
         for i, mn in enumerate((2, 0, 5)):
             pe, tr = _prompt(d, 6, 2, seed=7 + i)
@@ -314,10 +322,6 @@ def test_greedy_eos_and_min_new_tokens(tiny_checkpoint, ref, loop):
             np.testing.assert_array_equal(got, want)
             outs.append(len(got))
         assert any(n < 30 for n in outs)  # EOS actually stopped some request
-    finally:
-        head.data[eos] = saved_e
-        talker.codec_head.weight.data[eos] = saved_r
-        eng.shutdown()
 
 
 def test_aborts_free_slots(engine, ref, loop):
