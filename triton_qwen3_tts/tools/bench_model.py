@@ -432,17 +432,16 @@ def profile_kernels(graph, replays: int, before=None) -> dict:
     ``torch.profiler`` (CUDA activity: each kernel of the graph with its device time)."""
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(3):
-        if before:
-            before()
-        graph.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
+    def replay(n: int) -> None:
+        for _ in range(n):
             if before:
                 before()
             graph.replay()
         torch.cuda.synchronize()
+
+    replay(3)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        replay(replays)
     events = []
     for e in prof.events():
         if str(getattr(e, "device_type", "")).endswith("CUDA") and e.name and not e.name.startswith("Memset"):
