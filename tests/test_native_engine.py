@@ -123,8 +123,9 @@ def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
         dict(fast_math=True),
         dict(fuse_weights=False, skip_top_p=False, batched_prefill=False),
         dict(compile=True, compile_backend="eager"),
+        dict(overlap_steps=False),
     ],
-    ids=["fast_math", "unfused", "compile_traced"],
+    ids=["fast_math", "unfused", "compile_traced", "read_each_step"],
 )
 def test_greedy_matches_reference_engine_variants(tiny_checkpoint, ref, loop, kw):
     """The fast paths (SDPA with is_causal / an additive mask, one-kernel RMSNorm, stacked
@@ -246,11 +247,11 @@ def test_greedy_prefill_buckets_as_in_graph_mode(tiny_checkpoint, ref, loop):
 
 
 @contextlib.contextmanager
-def _eos_row_engine(tiny_checkpoint, talker, loop):
-    """A started two-slot engine and ``set_row(f)``, which replaces the EOS row of its codec head
-    and of the reference ``talker``'s by ``f(row)``; both rows restored and the engine shut down
-    after."""
-    eng = NativeEngine(tiny_checkpoint, _cfg(max_num_seqs=2, batch_buckets=(1, 2)))
+def _eos_row_engine(tiny_checkpoint, talker, loop, **kw):
+    """A started engine (two slots unless ``kw`` says otherwise) and ``set_row(f)``, which
+    replaces the EOS row of its codec head and of the reference ``talker``'s by ``f(row)``; both
+    rows restored and the engine shut down after."""
+    eng = NativeEngine(tiny_checkpoint, _cfg(**{"max_num_seqs": 2, "batch_buckets": (1, 2), **kw}))
     loop.run_until_complete(eng.start())
     eos = talker.config.codec_eos_token_id
     heads = (eng.model.talker.codec_head.weight, talker.codec_head.weight)
@@ -322,6 +323,55 @@ def test_greedy_eos_and_min_new_tokens(tiny_checkpoint, ref, loop):
             np.testing.assert_array_equal(got, want)
             outs.append(len(got))
         assert any(n < 30 for n in outs)  # EOS actually stopped some request
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "read_each_step"])
+def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, overlap):
+    """Requests that stop by EOS at different frames while others decode on, join and wait for a
+    slot. With ``overlap_steps`` a step is launched before the previous one is read, so a row
+    whose EOS is read has already run one more step; that frame is dropped and the slot moves
+    behind it. Every stream equals the reference either way."""
+    talker, pad = ref
+    d = talker.config.hidden_size
+    with _eos_row_engine(
+        tiny_checkpoint, talker, loop, max_num_seqs=4, batch_buckets=(1, 2, 4), overlap_steps=overlap
+    ) as (
+        eng,
+        set_row,
+    ):
+        bias = torch.randn(d, generator=torch.Generator().manual_seed(3)) * 0.5
+        set_row(lambda r: r + bias)
+        in_flight = []
+        launch = eng._launch_step
+        eng._launch_step = lambda: in_flight.append(len(eng._inflight)) or launch()
+        specs = [
+            (6, 2, 30, 2, 0),
+            (9, 0, 30, 0, 0),
+            (4, 3, 12, 5, 1),
+            (7, 1, 30, 3, 2),
+            (5, 5, 30, 1, 4),
+            (8, 2, 9, 0, 6),
+        ]
+        reqs, wants = [], []
+        for i, (L, N, mf, mn, _) in enumerate(specs):
+            pe, tr = _prompt(d, L, N, seed=40 + i)
+            reqs.append(
+                TalkerRequest(
+                    request_id=f"c{i}", prompt_embeds=pe, trailing=tr, max_frames=mf, greedy=True, min_new_tokens=mn
+                )
+            )
+            wants.append(_reference(talker, pad, pe, tr, mf, min_new_tokens=mn))
+        outs = loop.run_until_complete(_staggered(eng, reqs, [s[4] for s in specs]))
+        for i, (got, want) in enumerate(zip(outs, wants)):
+            np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
+        ends = [len(w) for w in wants]
+        assert any(0 < n < s[2] for n, s in zip(ends, specs))  # EOS stopped some request mid-stream
+        assert max(in_flight) == (1 if overlap else 0)  # launched behind an unread step, or never
+        for _ in range(500):  # the loop reads the step launched behind the last EOS, then idles
+            if not eng._inflight:
+                break
+            loop.run_until_complete(asyncio.sleep(0.01))
+        assert eng.stats()["active"] == 0 and not eng._inflight
 
 
 def test_aborts_free_slots(engine, ref, loop):

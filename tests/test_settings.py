@@ -32,6 +32,7 @@ MODEL_FIELDS = {
         "native_compile": "native_compile",
         "native_batch_buckets": "native_batch_buckets",
         "native_kernels": "native_kernels",
+        "native_overlap": "native_overlap",
         "prompt_device": "prompt_device",
     },
     CodecModelConfig: {

@@ -131,6 +131,7 @@ class TalkerModelConfig:
     native_compile: bool = default("native_compile")
     native_batch_buckets: str = default("native_batch_buckets")
     native_kernels: str = default("native_kernels")
+    native_overlap: bool = default("native_overlap")
     prompt_device: str = default("prompt_device")
     engine_cpu_threads: int = default("engine_cpu_threads")
     # pipeline fused (serving/talker/fused.py): the codec runs in this model, scheduled by

@@ -206,6 +206,14 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_overlap",
+        True,
+        "native engine: launch each decode step before reading the previous step's frames, so the "
+        "loop's host work (frames to the streams, releases, admissions) overlaps the GPU; a row whose "
+        "EOS is read then has run one extra step, its frame dropped (false: read each step first)",
+        group="talker",
+    ),
+    Setting(
         "prompt_device",
         "auto",
         "where each prompt's text rows are projected (two text-width GEMMs per row, float32): 'auto' = "

@@ -143,6 +143,7 @@ def native_knobs(args) -> dict:
         skip_top_p=not args.no_skip_top_p,
         compile=args.compile,
         batched_prefill=not args.no_batched_prefill,
+        overlap_steps=not args.no_overlap,
         prefill_max_tokens=args.prefill_max_tokens,
         kernels=args.kernels,
     )
@@ -743,6 +744,9 @@ def parse_args(argv=None):
     ap.add_argument("--exact-math", action="store_true", help="native: fast_math=False (reference op order)")
     ap.add_argument("--no-batched-prefill", action="store_true", help="native: prefill one request at a time")
     ap.add_argument("--no-prefill-graphs", action="store_true", help="native: eager prefill")
+    ap.add_argument(
+        "--no-overlap", action="store_true", help="native: read each step's frames before launching the next"
+    )
     ap.add_argument(
         "--kernels",
         choices=KERNELS,

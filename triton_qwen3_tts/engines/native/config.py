@@ -56,6 +56,11 @@ class NativeEngineConfig:
     * ``prefill_graphs``: None -> as ``cuda_graphs``: capture the prefill per (batch bucket,
       length bucket) with ``P * L <= prefill_max_tokens`` (``prefill_len_sizes``); other
       shapes run eagerly.
+    * ``overlap_steps``: the loop launches each decode step before it reads the previous step's
+      frames (copied to pinned host memory behind the step), so the host's work between steps
+      (frames to the streams, releases, admissions) runs while the GPU computes the next one. A row
+      whose EOS is read only then has run one extra step, whose frame is dropped. False reads each
+      step before the next (for A/B timing).
     """
 
     max_num_seqs: int = 8
@@ -77,6 +82,7 @@ class NativeEngineConfig:
     batched_prefill: bool = True
     prefill_max_tokens: int = 4096
     prefill_graphs: Optional[bool] = None
+    overlap_steps: bool = True
 
     def __post_init__(self):
         def bad(f, msg):
@@ -111,7 +117,7 @@ class NativeEngineConfig:
             bad("kernels", f"{self.kernels!r}; allowed: {', '.join(KERNELS)}")
         if self.prefill_graphs is not None and not isinstance(self.prefill_graphs, bool):
             bad("prefill_graphs", f"must be a bool or None, got {self.prefill_graphs!r}")
-        for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill"):
+        for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill", "overlap_steps"):
             if not isinstance(getattr(self, f), bool):
                 bad(f, f"must be a bool, got {getattr(self, f)!r}")
         if self.fast_math is not None and not isinstance(self.fast_math, bool):

@@ -100,8 +100,10 @@ class _Req:
     key: int
     queue: asyncio.Queue
     slot: int = -1
-    pos: int = 0  # host mirror of the next talker position
-    frames: int = 0
+    pos: int = 0  # host mirror of the next talker position, counting every launched step
+    frames: int = 0  # frames read back
+    launched: int = 0  # decode steps launched with this request's row
+    stopped: bool = False  # its last frame was read (or it was aborted): later rows of it are void
     done: bool = False
     aborted: bool = False
     freed: Optional[asyncio.Event] = None
@@ -116,6 +118,28 @@ class _Req:
 
 
 _END = object()
+
+
+@dataclass(eq=False)
+class _Launched:
+    """A decode step on the GPU whose frames are not read yet: ``rows[i]`` is the request of
+    output row ``i``; ``host`` receives ``out[:n]`` behind the step, ``ready`` marks the copy done
+    (None on the CPU, where the copy is synchronous)."""
+
+    rows: List[_Req]
+    host: torch.Tensor
+    ready: Optional["torch.cuda.Event"]
+
+
+def _h2d(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy host tensor ``src`` into ``dst`` without making the host wait for the GPU: on CUDA
+    from pinned memory, ordered on the stream behind the work already launched (a pageable copy
+    waits for the whole stream, a launched decode step included). torch's host allocator keeps
+    the pinned block until the copy is done."""
+    if dst.is_cuda:
+        dst.copy_(src.to(dst.dtype).pin_memory(), non_blocking=True)
+    else:
+        dst.copy_(src)
 
 
 def _eos_masked_at_prefill(req: TalkerRequest) -> bool:
@@ -151,6 +175,8 @@ class NativeEngine:
         self.step_hist: Dict[Tuple[int, int], int] = {}
         self.prefill_hist: Dict[Tuple[int, int, bool], int] = {}  # (P, L, graph) -> calls
         self.pf_graphs = False  # prefill graphs captured (keys ("prefill", P, L) in graphs)
+        self._inflight: deque = deque()  # _Launched steps, oldest first (at most two)
+        self._host_out: List[torch.Tensor] = []  # two host buffers for out, used in turn
         self.cowork = None  # optional: other work in this loop (module docstring)
 
     @classmethod
@@ -193,6 +219,10 @@ class NativeEngine:
         for p in talker.parameters():
             p.requires_grad_(False)
         self.model = NativeModel(talker, c, tts_pad_id)
+        pin = self.model.out.is_cuda
+        self._host_out = [
+            torch.empty(self.model.out.shape, dtype=self.model.out.dtype, pin_memory=pin) for _ in range(2)
+        ]
         if c.use_graphs:
             self.graphs = _Graphs(self.model)
             tps = (False, True) if c.skip_top_p else (True,)
@@ -380,7 +410,7 @@ class NativeEngine:
             sub_greedy = req.greedy if req.sub_greedy is None else req.sub_greedy
             n_tr = r.trailing.shape[0]
             if n_tr:
-                m.trailing[a + i, :n_tr] = r.trailing.to(m.device, m.dtype)
+                _h2d(m.trailing[a + i, :n_tr], r.trailing)
             L = r.prompt.shape[0]
             for t, v in (
                 (m.n_trailing, n_tr),
@@ -403,7 +433,7 @@ class NativeEngine:
             r.slot, r.pos = a + i, L
             self._active.append(r)
         for t, v in cols.items():  # one copy per table
-            t[a : a + P].copy_(torch.tensor(v, dtype=t.dtype))
+            _h2d(t[a : a + P], torch.tensor(v, dtype=t.dtype))
         i = 0
         for group in self._prefill_groups(rs):
             self._prefill(a + i, group)
@@ -466,11 +496,11 @@ class NativeEngine:
         x = torch.zeros(Pb, Lb, m.D, dtype=m.dtype)
         for i, r in enumerate(group):
             x[i, : r.prompt.shape[0]] = r.prompt.to(m.dtype)
-        m.pf_x[: Pb * Lb * m.D].copy_(x.view(-1))
+        _h2d(m.pf_x[: Pb * Lb * m.D], x.view(-1))
         slots = [s0 + i for i in range(P)] + [m.SCR] * (Pb - P)
         last = [int(r.prompt.shape[0]) - 1 for r in group] + [0] * (Pb - P)
-        m.pf_slots[:Pb].copy_(torch.tensor(slots, dtype=torch.int64))
-        m.pf_last[:Pb].copy_(torch.tensor(last, dtype=torch.int64))
+        _h2d(m.pf_slots[:Pb], torch.tensor(slots, dtype=torch.int64))
+        _h2d(m.pf_last[:Pb], torch.tensor(last, dtype=torch.int64))
         if key is not None:
             self.graphs.replay(key)
         else:
@@ -485,34 +515,68 @@ class NativeEngine:
         raise RuntimeError(f"no bucket for {n}")
 
     @torch.inference_mode()
-    def _run_step(self) -> np.ndarray:
-        """One decode step of every active slot; returns ``out[:n]`` on the host (the sync)."""
+    def _launch_step(self) -> None:
+        """Launch one decode step of every active slot and the copy of its frames to the host
+        behind it; the host does not wait (``_read_step`` does)."""
         c = self.config
-        n = len(self._active)
+        rows = list(self._active)
+        n = len(rows)
         B = self._bucket(c.batch_sizes(), n)
-        need = max(r.pos for r in self._active) + 1
+        need = max(r.pos for r in rows) + 1
         C = self._bucket(c.ctx_sizes(), need)
         # top-p only when some sampled row asks for it (host-side request params: no device read)
-        tp = not c.skip_top_p or any(r.uses_top_p for r in self._active)
+        tp = not c.skip_top_p or any(r.uses_top_p for r in rows)
         if self.graphs is not None:
             self.graphs.replay((B, C, tp))
         else:
             self.model.step(B, C, tp)
+        host = self._host_out[self.steps % 2][:n]  # the step before the last is read by now
+        host.copy_(self.model.out[:n], non_blocking=host.is_pinned())
+        ready = None
+        if self.model.out.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
         self.steps += 1
         self.step_hist[(B, C)] = self.step_hist.get((B, C), 0) + 1
-        # a copy: on CPU ``.cpu()`` is the step's own buffer, which the next step overwrites
-        return self.model.out[:n].cpu().numpy().copy()
+        for r in rows:
+            r.pos += 1
+            r.launched += 1
+        self._inflight.append(_Launched(rows, host, ready))
+
+    def _read_step(self, st: _Launched) -> List[Tuple[_Req, Optional[np.ndarray], bool]]:
+        """Wait for a launched step's frames; ``(request, frames [1, 16], finished)`` per row
+        that still counts (rows of stopped requests are dropped)."""
+        if st.ready is not None:
+            st.ready.synchronize()
+        out = st.host.numpy().copy()  # the buffer is reused two steps on
+        events = []
+        for i, r in enumerate(st.rows):
+            if r.stopped:
+                continue
+            r.frames += 1
+            row = out[i]
+            stop = bool(row[-1]) or r.frames >= r.req.max_frames
+            r.stopped = stop
+            events.append((r, row[None, :-1], stop))
+        return events
 
     def _work(self, admits: List[_Req]) -> List[Tuple[_Req, Optional[np.ndarray], bool]]:
-        """Scheduler body, run off the event loop: releases, admissions, one decode step.
-        Returns ``(request, frames [1, 16] or None, finished)`` events for the loop to dispatch."""
+        """Scheduler body, run off the event loop: releases, admissions, a co-worker call or the
+        launch of one decode step, then the frames of the steps read back (with
+        ``overlap_steps``, all but the one just launched). Returns ``(request, frames [1, 16] or
+        None, finished)`` events for the loop to dispatch."""
         events = []
-        for r in [r for r in self._active if r.aborted]:  # releases happen between steps only
+        # releases happen on the stream behind any launched step; a request whose frames are all
+        # launched leaves now, its last frame still to be read
+        for r in [r for r in self._active if r.aborted or r.launched >= r.req.max_frames]:
             self._release(r)
-            events.append((r, None, True))
+            if r.aborted:
+                r.stopped = True
+                events.append((r, None, True))
         live = []
         for r in admits:
             if r.aborted:
+                r.stopped = True
                 events.append((r, None, True))
             else:
                 live.append(r)
@@ -520,24 +584,20 @@ class NativeEngine:
             for r, eos in zip(live, self._admit_many(live)):
                 if eos:  # the first c0 is EOS: no frames
                     self._release(r)
+                    r.stopped = True
                     events.append((r, None, True))
         cw = self.cowork
-        if cw is not None and cw.run(bool(self._active)):
-            self._tell(events)
-            return events
-        if not self._active:
-            self._tell(events)
-            return events
-        out = self._run_step()
-        for i, r in enumerate(list(self._active)):
-            r.frames += 1
-            r.pos += 1
-            row = out[i]
-            stop = bool(row[-1]) or r.frames >= r.req.max_frames
-            events.append((r, row[None, :-1], stop))
-        for r, _, stop in events:
-            if stop and r.slot >= 0:
-                self._release(r)
+        launched = False
+        if not (cw is not None and cw.run(bool(self._active))) and self._active:
+            self._launch_step()
+            launched = True
+        keep = 1 if launched and self.config.overlap_steps else 0
+        while len(self._inflight) > keep:
+            read = self._read_step(self._inflight.popleft())
+            for r, _, stop in read:
+                if stop and r.slot >= 0:
+                    self._release(r)
+            events.extend(read)
         self._tell(events)
         return events
 
@@ -550,7 +610,8 @@ class NativeEngine:
         try:
             while not self._closed:
                 cw = self.cowork
-                if not self._active and not self._waiting and (cw is None or not cw.has_work()):
+                idle = not self._active and not self._waiting and not self._inflight
+                if idle and (cw is None or not cw.has_work()):
                     self._wake.clear()
                     await self._wake.wait()
                     continue

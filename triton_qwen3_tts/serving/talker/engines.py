@@ -75,6 +75,7 @@ async def make_engine(cfg: TalkerModelConfig):
             seed=cfg.seed,
             compile=cfg.native_compile and cfg.device.startswith("cuda"),
             kernels=native_kernels(cfg),
+            overlap_steps=cfg.native_overlap,
             **extra,
         ),
     )
