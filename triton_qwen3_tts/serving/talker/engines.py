@@ -37,6 +37,7 @@ def native_kernels(cfg: TalkerModelConfig) -> str:
     if why:
         log.warning("native_kernels auto: the torch blocks (%s)", why)
         return "torch"
+    log.info("native_kernels auto: the Triton kernels on %s (self-test passed)", dev)
     return "triton"
 
 
