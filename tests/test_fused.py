@@ -237,6 +237,71 @@ def test_frames_go_only_to_a_cowork_that_takes_them(tiny_checkpoint, loop):
         eng.shutdown()
 
 
+@pytest.mark.parametrize("read_first", [None, True], ids=["overlap", "read_first"])
+def test_cowork_read_first_reads_the_step_in_flight_before_run(tiny_checkpoint, loop, read_first):
+    """The engine launches a step before reading the previous one; a co-worker's ``read_first``
+    makes it read that step (frames to ``on_events``) before asking ``run``. Counted at each
+    ``run``: the frames seen so far and the steps still unread."""
+
+    class Watcher:
+        frames_to_cowork = True
+
+        def __init__(self):
+            self.frames, self.at_run = 0, []
+
+        def run(self, talker_busy):
+            self.at_run.append((self.frames, len(eng._inflight)))
+            return False
+
+        def on_events(self, events):
+            self.frames += sum(f is not None for _, f, _ in events)
+
+        def has_work(self):
+            return False
+
+        def dispatch(self):
+            pass
+
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg()))
+    try:
+        w = Watcher()
+        if read_first:
+            w.read_first = lambda ids: bool(ids)
+        eng.cowork = w
+        loop.run_until_complete(_frames(eng, _req("rf", eng.hidden, 6, seed=4)))
+        assert w.frames == 6
+        unread = [n for _, n in w.at_run]
+        assert max(unread) == (0 if read_first else 1)
+        if read_first:  # each run after the first sees every frame launched before it
+            assert [f for f, _ in w.at_run[1:]] == list(range(1, len(w.at_run)))
+    finally:
+        eng.shutdown()
+
+
+def test_read_first_only_for_a_first_chunk_the_step_completes(pipe, monkeypatch):
+    """FusedPipeline.read_first: True when one more frame completes a stream's first chunk."""
+    import types
+
+    from triton_qwen3_tts.serving.talker.fused import _Stream
+    from triton_qwen3_tts.serving.talker.deadline import StreamState
+
+    first = 3
+    monkeypatch.setattr(pipe, "policy", types.SimpleNamespace(first_chunk_frames=first))
+    st = _Stream("x", StreamState(999, 0.0))
+    pipe._streams["x"] = st
+    try:
+        st.state.pending = first - 2
+        assert not pipe.read_first({"x"})
+        st.state.pending = first - 1
+        assert pipe.read_first({"x"}) and not pipe.read_first({"other"}) and not pipe.read_first(set())
+        st.state.chunks = 1  # the first chunk is out
+        assert not pipe.read_first({"x"})
+        st.state.chunks, st.ended = 0, True
+        assert not pipe.read_first({"x"})
+    finally:
+        pipe._streams.pop("x")
+
+
 def test_loop_overhead_script_runs(tiny_checkpoint, capsys):
     """scripts/loop_overhead.py (host time per scheduler iteration, GPU work taken out; its CPU
     figures are in docs/benchmark-history.md, run 29): every stream gets all its audio."""

@@ -45,6 +45,10 @@ replay. Greedy requests take the argmax after the same codebook-0 processing as 
   None, finished)`` of every request the iteration touched;
 * ``has_work() -> bool`` and ``dispatch()`` (event loop, between iterations): whether the loop
   must keep turning for it, and a chance to hand its results to its consumers;
+* ``read_first(request_ids) -> bool`` (optional; worker thread, before ``run``, while a launched
+  step is unread): True to have the loop read the steps in flight first, and hand their frames to
+  ``on_events``, because those frames complete work that should not queue behind another step
+  (the fused pipeline: a stream's first chunk). ``request_ids``: the requests with rows in them;
 * ``frames_to_cowork`` (optional, default False): True when ``on_events`` is where the frames
   go. ``synthesize`` then yields none (it ends with its request, or raises its error), and the
   loop spares every stream a queue hand-over and a coroutine switch per step (at 64 streams most
@@ -587,18 +591,31 @@ class NativeEngine:
                     r.stopped = True
                     events.append((r, None, True))
         cw = self.cowork
+        read_first = getattr(cw, "read_first", None)
+        if self._inflight and read_first is not None:
+            ids = {r.req.request_id for st in self._inflight for r in st.rows if not r.stopped}
+            if read_first(ids):
+                events.extend(self._read_launched(0))
+        told = len(events)
+        self._tell(events)
         launched = False
         if not (cw is not None and cw.run(bool(self._active))) and self._active:
             self._launch_step()
             launched = True
-        keep = 1 if launched and self.config.overlap_steps else 0
+        events.extend(self._read_launched(1 if launched and self.config.overlap_steps else 0))
+        self._tell(events[told:])
+        return events
+
+    def _read_launched(self, keep: int) -> List[Tuple[_Req, Optional[np.ndarray], bool]]:
+        """Read the launched steps, oldest first, until ``keep`` remain; release the slots of
+        the requests that stopped (behind any step still on the GPU)."""
+        events = []
         while len(self._inflight) > keep:
             read = self._read_step(self._inflight.popleft())
             for r, _, stop in read:
                 if stop and r.slot >= 0:
                     self._release(r)
             events.extend(read)
-        self._tell(events)
         return events
 
     def _tell(self, events) -> None:

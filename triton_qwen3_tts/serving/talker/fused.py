@@ -271,6 +271,18 @@ class FusedPipeline:
             st.frames, st.state.pending = [], 0
             self._out.append((st.rid, err))
 
+    def read_first(self, request_ids) -> bool:
+        """Whether one more frame of a stream in ``request_ids`` (rows of the engine's unread
+        step) completes its first chunk: the engine then reads that step before ``run``, so the
+        first chunk's codec call does not queue behind the next talker step (a step's time added
+        to the time to first audio)."""
+        first = self.policy.first_chunk_frames
+        for rid in request_ids:
+            st = self._streams.get(rid)
+            if st is not None and not st.ended and st.state.chunks == 0 and st.state.pending + 1 >= first:
+                return True
+        return False
+
     def run(self, talker_busy: bool) -> bool:
         """One codec batch if the policy wants one now (True), else False (a talker step)."""
         self._apply_commands()
