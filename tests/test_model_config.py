@@ -84,7 +84,7 @@ def test_talker_kernels_choice():
     from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
 
     base = {"checkpoint": "ck", "engine": "native"}
-    assert TalkerModelConfig.from_parameters(base).native_kernels == "torch"
+    assert TalkerModelConfig.from_parameters(base).native_kernels == "auto"
     # auto: the torch blocks on the CPU and for vLLM, resolved at load on a GPU
     auto = {**base, "native_kernels": "auto"}
     assert TalkerModelConfig.from_parameters({**auto, "device": "cpu"}).kernels_wanted() == "torch"

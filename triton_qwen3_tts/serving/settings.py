@@ -197,11 +197,10 @@ SETTINGS: Tuple[Setting, ...] = (
     ),
     Setting(
         "native_kernels",
-        "torch",
+        "auto",
         "native engine: the decode step's layers (talker and code predictor) as torch blocks, or as "
         "fused Triton kernels (gpu only); 'auto' = the kernels on a GPU that runs them (compute "
-        "capability 8.0 or newer, Triton installed, their self-test passing), the torch blocks otherwise (the "
-        "default becomes auto once the fused pipeline has had a soak on the kernels)",
+        "capability 8.0 or newer, Triton installed, their self-test passing), the torch blocks otherwise",
         choices=("auto", *KERNELS),
         group="talker",
     ),
