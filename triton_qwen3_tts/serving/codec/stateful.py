@@ -370,7 +370,11 @@ class StatePool:
             )
         slot = self._free.pop()
         self.buf[slot].zero_()
-        self.pos[slot] = 0
+        # a kernel, like the line above: ``pos[slot] = 0`` would wait for the whole stream (a
+        # Python value set into one element of a CUDA tensor is a blocking host-to-device copy,
+        # https://github.com/pytorch/pytorch/pull/186482), in the fused pipeline the talker step
+        # the engine launched before this call
+        self.pos[slot : slot + 1].zero_()
         self._slots[stream_id] = slot
         self._last[stream_id] = self.clock()
         return slot
