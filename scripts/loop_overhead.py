@@ -69,7 +69,7 @@ def run(checkpoint: str, streams: int, frames: int) -> dict:
 
     eng.model.step = instant_step
     saved = fused.run_resident_batch, fused.to_device_async
-    fused.run_resident_batch = lambda reqs, pool, codec: [torch.zeros(q.codes.shape[1] * 1920) for q in reqs]
+    fused.run_resident_batch = lambda reqs, pool, codec, **kw: [torch.zeros(q.codes.shape[1] * 1920) for q in reqs]
     fused.to_device_async = lambda t, device: t
     try:
         policy = fused.deadline_policy(2, (2, 4, 8, 16), 25, 400, 32)  # the recommended GPU settings

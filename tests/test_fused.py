@@ -36,16 +36,19 @@ def loop():
     lp.close()
 
 
-def _cfg():
+def _cfg(**kw):
     return NativeEngineConfig(
-        max_num_seqs=4,
-        max_model_len=96,
-        device="cpu",
-        dtype="float32",
-        cuda_graphs=False,
-        batch_buckets=(1, 2, 4),
-        ctx_buckets=(32, 64, 96),
-        max_trailing_tokens=16,
+        **{
+            "max_num_seqs": 4,
+            "max_model_len": 96,
+            "device": "cpu",
+            "dtype": "float32",
+            "cuda_graphs": False,
+            "batch_buckets": (1, 2, 4),
+            "ctx_buckets": (32, 64, 96),
+            "max_trailing_tokens": 16,
+            **kw,
+        }
     )
 
 
@@ -62,8 +65,8 @@ def plain(tiny_checkpoint, loop):
     eng.shutdown()
 
 
-def _pipe(tiny_checkpoint, loop, decoder, slots=8, **policy):
-    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg()))
+def _pipe(tiny_checkpoint, loop, decoder, slots=8, engine_kw=None, **policy):
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(**(engine_kw or {}))))
     sd = StatefulCodecDecoder(decoder).eval()
     kw = dict(first_chunk_frames=1, ramp=(2, 4), chunk_frames=8, buffer_s=0.4, urgent_s=0.1, max_batch=4)
     kw.update(policy)
@@ -110,6 +113,21 @@ def _decode(decoder, codes):
 
 
 def test_fused_audio_equals_frames_decoded_whole(pipe, plain, decoder, loop):
+    _check_audio_equals_frames(pipe, plain, decoder, loop)
+
+
+def test_fused_audio_equals_frames_decoded_whole_without_overlap(tiny_checkpoint, plain, decoder, loop):
+    """The engine reading each step before the next (``overlap_steps`` off): each codec call is
+    read back inside ``run``, with no step launched behind it; the same audio."""
+    p = _pipe(tiny_checkpoint, loop, decoder, engine_kw={"overlap_steps": False})
+    try:
+        assert not p._defer
+        _check_audio_equals_frames(p, plain, decoder, loop)
+    finally:
+        p.shutdown()
+
+
+def _check_audio_equals_frames(pipe, plain, decoder, loop):
     d = plain.hidden
     lengths = [3, 11, 17, 6, 9]  # more streams than talker slots: some wait for a slot
     reqs = [lambda i=i, n=n: _req(f"r{i}", d, n, 100 + i) for i, n in enumerate(lengths)]
@@ -274,6 +292,53 @@ def test_cowork_read_first_reads_the_step_in_flight_before_run(tiny_checkpoint, 
         assert max(unread) == (0 if read_first else 1)
         if read_first:  # each run after the first sees every frame launched before it
             assert [f for f, _ in w.at_run[1:]] == list(range(1, len(w.at_run)))
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "read_each_step"])
+def test_cowork_finish_gets_a_step_launched_behind_its_work(tiny_checkpoint, loop, overlap):
+    """A co-worker whose ``run`` launches GPU work and returns True: with ``overlap_steps`` the
+    engine launches a decode step before calling its ``finish`` (the GPU gets the step queued
+    behind that work); without, ``finish`` follows ``run`` at once and no step runs that
+    iteration."""
+
+    class Launcher:
+        frames_to_cowork = True
+
+        def __init__(self):
+            self.log, self.turn = [], 0
+
+        def run(self, talker_busy):
+            self.turn += 1
+            mine = talker_busy and self.turn % 3 == 0
+            self.log.append("run" if mine else "pass")
+            return mine
+
+        def finish(self):
+            self.log.append("finish")
+
+        def on_events(self, events):
+            pass
+
+        def has_work(self):
+            return False
+
+        def dispatch(self):
+            pass
+
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(overlap_steps=overlap)))
+    try:
+        eng.cowork = w = Launcher()
+        launch = eng._launch_step
+        eng._launch_step = lambda: w.log.append("step") or launch()
+        loop.run_until_complete(_frames(eng, _req("cf", eng.hidden, 8, seed=5)))
+        log = w.log
+        runs = [i for i, e in enumerate(log) if e == "run"]
+        assert runs and log.count("finish") == len(runs)
+        assert log.count("step") == 8  # one per frame either way
+        for i in runs:
+            assert log[i + 1 : i + 3] == ["step", "finish"] if overlap else log[i + 1] == "finish"
     finally:
         eng.shutdown()
 

@@ -41,6 +41,10 @@ replay. Greedy requests take the argmax after the same codebook-0 processing as 
 
 * ``run(talker_busy) -> bool`` (worker thread, each iteration, after releases and
   admissions): do some work instead of this iteration's decode step and return True, or False;
+* ``finish()`` (optional; worker thread, right after a ``run`` that returned True): ``run`` only
+  launched its GPU work, ``finish`` waits for it and hands its results out. With
+  ``overlap_steps`` the loop launches a decode step between the two, so the GPU has the step
+  queued behind that work while the host waits for it and then does the rest of the iteration;
 * ``on_events(events)`` (worker thread, end of each iteration): ``(request_id, frames [1, 16] or
   None, finished)`` of every request the iteration touched;
 * ``has_work() -> bool`` and ``dispatch()`` (event loop, between iterations): whether the loop
@@ -598,10 +602,16 @@ class NativeEngine:
                 events.extend(self._read_launched(0))
         told = len(events)
         self._tell(events)
+        ran = cw is not None and cw.run(bool(self._active))
+        # a co-worker with ``finish`` only launched its GPU work; with the overlap a step goes
+        # behind it before the co-worker waits for it
+        finish = getattr(cw, "finish", None) if ran else None
         launched = False
-        if not (cw is not None and cw.run(bool(self._active))) and self._active:
+        if self._active and (not ran or (finish is not None and self.config.overlap_steps)):
             self._launch_step()
             launched = True
+        if finish is not None:
+            finish()
         events.extend(self._read_launched(1 if launched and self.config.overlap_steps else 0))
         self._tell(events[told:])
         return events

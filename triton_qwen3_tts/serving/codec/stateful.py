@@ -498,12 +498,18 @@ def _check_audio(audio, rows: int, frames: int) -> None:
 
 
 def run_resident_batch(
-    requests: Sequence[ResidentRequest], pool: StatePool, sd, max_batch: Optional[int] = None
+    requests: Sequence[ResidentRequest],
+    pool: StatePool,
+    sd,
+    max_batch: Optional[int] = None,
+    defer_copy: bool = False,
 ) -> List[Any]:
     """Serve one batch of resident-mode requests against ``pool``.
 
     The only host sync is the audio's copy to the host at the end of each step call (indices and
-    codes go to the device without one, :func:`to_device_async`).
+    codes go to the device without one, :func:`to_device_async`). With ``defer_copy`` on a GPU
+    there is none: the audio goes to pinned host memory behind the step calls, and the caller
+    waits for the stream (an event recorded after this call) before reading it.
 
     Per request, in order: open (``start``) or look up its stream; decode the new frames of all
     requests in as few ``sd.step`` calls as possible (grouped by ``T``, slices of ``max_batch``
@@ -550,7 +556,13 @@ def run_resident_batch(
                         audio, new = sd.step(codes, pool.gather(rows, idx))
                         _check_audio(audio, len(part), t)
                         pool.scatter(rows, new, idx)
-                audio = audio.float().cpu()
+                if defer_copy and audio.is_cuda:
+                    host = torch.empty(audio.shape, dtype=torch.float32, pin_memory=True)
+                    # converted on the GPU, then copied; ordered before the next call rewrites
+                    # the runner's output buffer
+                    audio = host.copy_(audio.float(), non_blocking=True)
+                else:
+                    audio = audio.float().cpu()
                 for k, i in enumerate(part):
                     out[i] = audio[k]
             except Exception as e:  # noqa: BLE001 - a decoder failure fails these requests only

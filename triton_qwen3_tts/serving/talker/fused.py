@@ -147,6 +147,10 @@ class FusedPipeline:
         self._queues: Dict[str, asyncio.Queue] = {}  # loop-owned
         self._sids = itertools.count(1)
         self.fused_stats = FusedStats()
+        # with the engine's overlap, a codec call's audio is read back in ``finish``, after the
+        # engine has launched its next step behind the call (None: no call waiting to be read)
+        self._defer = bool(getattr(getattr(engine, "config", None), "overlap_steps", False))
+        self._unread: Optional[tuple] = None
         engine.cowork = self
 
     # -- the engine-like interface (event loop) -----------------------------------------------
@@ -284,7 +288,9 @@ class FusedPipeline:
         return False
 
     def run(self, talker_busy: bool) -> bool:
-        """One codec batch if the policy wants one now (True), else False (a talker step)."""
+        """One codec batch if the policy wants one now (True), else False (a talker step). With
+        the engine's ``overlap_steps`` the call is only launched: its audio is read and handed
+        out by ``finish``, which the engine calls once it has launched its next step."""
         self._apply_commands()
         live = [s.state for s in self._streams.values() if not s.ended]
         first = self.policy.first_chunk_frames
@@ -300,15 +306,34 @@ class FusedPipeline:
         for st in streams:
             codes = torch.from_numpy(np.ascontiguousarray(st.take(batch.frames), dtype=np.int64))[None]
             reqs.append(ResidentRequest(st.state.sid, to_device_async(codes, self.device), False, False))
-        results = run_resident_batch(reqs, self.pool, self.codec)  # ends with the audio's copy to the host
+        defer = self._defer and self.device.type == "cuda"
+        # ends with the audio's copy to the host, or (defer) with that copy launched
+        results = run_resident_batch(reqs, self.pool, self.codec, defer_copy=defer)
+        ready = None
+        if defer:
+            ready = torch.cuda.Event()
+            ready.record()
+        self._unread = (batch, streams, results, ready, now)
+        if not self._defer:
+            self.finish()
+        return True
+
+    def finish(self) -> None:
+        """Hand out the audio of the codec call ``run`` launched (waiting for it on the GPU)."""
+        if self._unread is None:
+            return
+        batch, streams, results, ready, now = self._unread
+        self._unread = None
+        if ready is not None:
+            ready.synchronize()
         t_end = self.clock()
         stats = self.fused_stats
         stats.codec_seconds += t_end - now
         now = t_end
         stats.codec_calls += 1
-        stats.codec_rows += len(reqs)
-        stats.codec_frames += len(reqs) * batch.frames
-        stats.observe("batch", len(reqs))
+        stats.codec_rows += len(streams)
+        stats.codec_frames += len(streams) * batch.frames
+        stats.observe("batch", len(streams))
         stats.reasons[batch.reason] = stats.reasons.get(batch.reason, 0) + 1
         for st, res in zip(streams, results):
             if isinstance(res, BaseException):
@@ -330,7 +355,6 @@ class FusedPipeline:
             stats.chunks += 1
             self._out.append((st.rid, res.numpy()))
         self._end_finished()
-        return True
 
     def on_events(self, events) -> None:
         for rid, frames, finished in events:
