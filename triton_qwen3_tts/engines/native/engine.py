@@ -41,7 +41,7 @@ replay. Greedy requests take the argmax after the same codebook-0 processing as 
 
 * ``run(talker_busy) -> bool`` (worker thread, each iteration, after releases and
   admissions): do some work instead of this iteration's decode step and return True, or False;
-* ``finish()`` (optional; worker thread, right after a ``run`` that returned True): ``run`` only
+* ``finish()`` (optional; worker thread, after each ``run`` that returned True): ``run`` only
   launched its GPU work, ``finish`` waits for it and hands its results out. With
   ``overlap_steps`` the loop launches a decode step between the two, so the GPU has the step
   queued behind that work while the host waits for it and then does the rest of the iteration;

@@ -147,8 +147,9 @@ class FusedPipeline:
         self._queues: Dict[str, asyncio.Queue] = {}  # loop-owned
         self._sids = itertools.count(1)
         self.fused_stats = FusedStats()
-        # with the engine's overlap, a codec call's audio is read back in ``finish``, after the
-        # engine has launched its next step behind the call (None: no call waiting to be read)
+        # ``run`` leaves a codec call's audio to ``finish``, which the engine calls next; with
+        # its overlap it launches a step in between, so on a GPU the audio is then copied to the
+        # host without blocking (``_defer``). ``_unread``: the call ``finish`` is to hand out.
         self._defer = bool(getattr(getattr(engine, "config", None), "overlap_steps", False))
         self._unread: Optional[tuple] = None
         engine.cowork = self
@@ -288,9 +289,9 @@ class FusedPipeline:
         return False
 
     def run(self, talker_busy: bool) -> bool:
-        """One codec batch if the policy wants one now (True), else False (a talker step). With
-        the engine's ``overlap_steps`` the call is only launched: its audio is read and handed
-        out by ``finish``, which the engine calls once it has launched its next step."""
+        """One codec batch if the policy wants one now (True), else False (a talker step). The
+        call is only launched: ``finish``, which the engine calls next (with ``overlap_steps``
+        once it has launched its next step), reads its audio and hands it out."""
         self._apply_commands()
         live = [s.state for s in self._streams.values() if not s.ended]
         first = self.policy.first_chunk_frames
@@ -314,8 +315,6 @@ class FusedPipeline:
             ready = torch.cuda.Event()
             ready.record()
         self._unread = (batch, streams, results, ready, now)
-        if not self._defer:
-            self.finish()
         return True
 
     def finish(self) -> None:
