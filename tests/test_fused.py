@@ -117,8 +117,9 @@ def test_fused_audio_equals_frames_decoded_whole(pipe, plain, decoder, loop):
 
 
 def test_fused_audio_equals_frames_decoded_whole_without_overlap(tiny_checkpoint, plain, decoder, loop):
-    """The engine reading each step before the next (``overlap_steps`` off): each codec call is
-    read back inside ``run``, with no step launched behind it; the same audio."""
+    """The engine reading each step before the next (``overlap_steps`` off): each codec call's
+    audio is read back (a blocking copy) by ``finish`` right after ``run``, with no step launched
+    between; the same audio."""
     p = _pipe(tiny_checkpoint, loop, decoder, engine_kw={"overlap_steps": False})
     try:
         assert not p._defer
@@ -221,28 +222,36 @@ def test_codec_state_capacity_is_unavailable(tiny_checkpoint, loop, decoder):
         p.shutdown()
 
 
+class _Cowork:
+    """A co-worker of the engine (``engines/native/engine.py``, module docstring) that takes the
+    frames and does no work of its own; the tests below override what they watch."""
+
+    frames_to_cowork = True
+
+    def run(self, talker_busy):
+        return False
+
+    def on_events(self, events):
+        pass
+
+    def has_work(self):
+        return False
+
+    def dispatch(self):
+        pass
+
+
 def test_frames_go_only_to_a_cowork_that_takes_them(tiny_checkpoint, loop):
     """A co-worker with ``frames_to_cowork`` gets every frame through ``on_events``, and the
     request's ``synthesize`` yields none: the loop hands no frame to the request's queue (one
     hand-over and coroutine switch per stream and step saved); the request still ends."""
 
-    class Taker:
-        frames_to_cowork = True
-
+    class Taker(_Cowork):
         def __init__(self):
             self.frames = []
 
-        def run(self, talker_busy):
-            return False
-
         def on_events(self, events):
             self.frames += [f for _, f, _ in events if f is not None]
-
-        def has_work(self):
-            return False
-
-        def dispatch(self):
-            pass
 
     eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg()))
     try:
@@ -261,9 +270,7 @@ def test_cowork_read_first_reads_the_step_in_flight_before_run(tiny_checkpoint, 
     makes it read that step (frames to ``on_events``) before asking ``run``. Counted at each
     ``run``: the frames seen so far and the steps still unread."""
 
-    class Watcher:
-        frames_to_cowork = True
-
+    class Watcher(_Cowork):
         def __init__(self):
             self.frames, self.at_run = 0, []
 
@@ -273,12 +280,6 @@ def test_cowork_read_first_reads_the_step_in_flight_before_run(tiny_checkpoint, 
 
         def on_events(self, events):
             self.frames += sum(f is not None for _, f, _ in events)
-
-        def has_work(self):
-            return False
-
-        def dispatch(self):
-            pass
 
     eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg()))
     try:
@@ -303,9 +304,7 @@ def test_cowork_finish_gets_a_step_launched_behind_its_work(tiny_checkpoint, loo
     behind that work); without, ``finish`` follows ``run`` at once and no step runs that
     iteration."""
 
-    class Launcher:
-        frames_to_cowork = True
-
+    class Launcher(_Cowork):
         def __init__(self):
             self.log, self.turn = [], 0
 
@@ -317,15 +316,6 @@ def test_cowork_finish_gets_a_step_launched_behind_its_work(tiny_checkpoint, loo
 
         def finish(self):
             self.log.append("finish")
-
-        def on_events(self, events):
-            pass
-
-        def has_work(self):
-            return False
-
-        def dispatch(self):
-            pass
 
     eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(overlap_steps=overlap)))
     try:
