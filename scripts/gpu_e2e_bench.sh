@@ -34,7 +34,7 @@
 set -uo pipefail
 STAGES=${STAGES:-"ckpt model service"}
 FRAMES=${FRAMES:-200}
-LEVELS=${LEVELS:-"1 8 32 64"}
+LEVELS=${LEVELS-"1 8 32 64"}  # set but empty: no closed loop
 OUT=${OUT:-out}; mkdir -p "$OUT"
 TAG=${TAG:-run}
 # ckpt is always written (gpu_env.sh) when missing; the stage name stays for old command lines
