@@ -87,6 +87,7 @@ from triton_qwen3_tts.engines.base import (
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig
 from triton_qwen3_tts.engines.native.model import NativeModel
 from triton_qwen3_tts.engines.native.graphs import _Graphs
+from triton_qwen3_tts.engines.native.gputime import GpuTimer
 from triton_qwen3_tts.engines.rng import gumbel_noise, hash_seed
 
 __all__ = [
@@ -186,6 +187,9 @@ class NativeEngine:
         self._inflight: deque = deque()  # _Launched steps, oldest first (at most two)
         self._host_out: List[torch.Tensor] = []  # two host buffers for out, used in turn
         self.cowork = None  # optional: other work in this loop (module docstring)
+        # GPU time per kind of launch (steps per batch bucket, prefills; the co-worker adds its
+        # own): enabled on CUDA once the model is loaded
+        self.gpu_time = GpuTimer(False)
 
     @classmethod
     async def create(
@@ -228,6 +232,7 @@ class NativeEngine:
             p.requires_grad_(False)
         self.model = NativeModel(talker, c, tts_pad_id)
         pin = self.model.out.is_cuda
+        self.gpu_time = GpuTimer(pin)
         self._host_out = [
             torch.empty(self.model.out.shape, dtype=self.model.out.dtype, pin_memory=pin) for _ in range(2)
         ]
@@ -347,6 +352,7 @@ class NativeEngine:
             "waiting": len(self._waiting),
             "tracked": len(self._by_id),
             "steps": self.steps,
+            "gpu_ms": self.gpu_time.snapshot(),
         }
 
     def shutdown(self) -> None:
@@ -509,10 +515,12 @@ class NativeEngine:
         last = [int(r.prompt.shape[0]) - 1 for r in group] + [0] * (Pb - P)
         _h2d(m.pf_slots[:Pb], torch.tensor(slots, dtype=torch.int64))
         _h2d(m.pf_last[:Pb], torch.tensor(last, dtype=torch.int64))
+        t0 = self.gpu_time.start()
         if key is not None:
             self.graphs.replay(key)
         else:
             m.prefill_rows(Pb, Lb)
+        self.gpu_time.stop("prefill", t0)
         k = (Pb, Lb, key is not None)
         self.prefill_hist[k] = self.prefill_hist.get(k, 0) + 1
 
@@ -534,16 +542,14 @@ class NativeEngine:
         C = self._bucket(c.ctx_sizes(), need)
         # top-p only when some sampled row asks for it (host-side request params: no device read)
         tp = not c.skip_top_p or any(r.uses_top_p for r in rows)
+        t0 = self.gpu_time.start()
         if self.graphs is not None:
             self.graphs.replay((B, C, tp))
         else:
             self.model.step(B, C, tp)
         host = self._host_out[self.steps % 2][:n]  # the step before the last is read by now
         host.copy_(self.model.out[:n], non_blocking=host.is_pinned())
-        ready = None
-        if self.model.out.is_cuda:
-            ready = torch.cuda.Event()
-            ready.record()
+        ready = self.gpu_time.stop(f"step_b{B}", t0)  # the frames' copy is done (None on the CPU)
         self.steps += 1
         self.step_hist[(B, C)] = self.step_hist.get((B, C), 0) + 1
         for r in rows:
@@ -556,6 +562,7 @@ class NativeEngine:
         that still counts (rows of stopped requests are dropped)."""
         if st.ready is not None:
             st.ready.synchronize()
+            self.gpu_time.collect()
         out = st.host.numpy().copy()  # the buffer is reused two steps on
         events = []
         for i, r in enumerate(st.rows):

@@ -36,6 +36,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from triton_qwen3_tts.engines.native.gputime import GpuTimer
 from triton_qwen3_tts.serving.settings import default
 
 from triton_qwen3_tts.serving.codec.stateful import (
@@ -152,7 +153,14 @@ class FusedPipeline:
         # host without blocking (``_defer``). ``_unread``: the call ``finish`` is to hand out.
         self._defer = bool(getattr(getattr(engine, "config", None), "overlap_steps", False))
         self._unread: Optional[tuple] = None
+        self._no_timer = GpuTimer(False)
         engine.cowork = self
+
+    @property
+    def _gpu_time(self) -> GpuTimer:
+        """The engine's GPU timer (the codec calls' time beside its steps and prefills, in its
+        stats' ``gpu_ms``); a disabled one for engines without."""
+        return getattr(self.engine, "gpu_time", None) or self._no_timer
 
     # -- the engine-like interface (event loop) -----------------------------------------------
     @property
@@ -308,10 +316,12 @@ class FusedPipeline:
             codes = torch.from_numpy(np.ascontiguousarray(st.take(batch.frames), dtype=np.int64))[None]
             reqs.append(ResidentRequest(st.state.sid, to_device_async(codes, self.device), False, False))
         defer = self._defer and self.device.type == "cuda"
+        timer = self._gpu_time
+        t0 = timer.start()
         # ends with the audio's copy to the host, or (defer) with that copy launched
         results = run_resident_batch(reqs, self.pool, self.codec, defer_copy=defer)
-        ready = None
-        if defer:
+        ready = timer.stop(f"codec_{batch.reason}", t0)
+        if defer and ready is None:
             ready = torch.cuda.Event()
             ready.record()
         self._unread = (batch, streams, results, ready, now)
@@ -325,6 +335,7 @@ class FusedPipeline:
         self._unread = None
         if ready is not None:
             ready.synchronize()
+            self._gpu_time.collect()
         t_end = self.clock()
         stats = self.fused_stats
         stats.codec_seconds += t_end - now

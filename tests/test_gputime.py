@@ -1,0 +1,75 @@
+"""GpuTimer's accounting (engines/native/gputime.py) with fake events: pairs are added only once
+their end event has completed, oldest first, and never by waiting."""
+
+from triton_qwen3_tts.engines.native import gputime
+from triton_qwen3_tts.engines.native.gputime import GpuTimer
+
+
+class FakeClock:
+    def __init__(self):
+        self.gpu_now = 0.0  # ms the fake GPU has reached
+
+
+class FakeEvent:
+    """Recorded at a fake GPU time; complete once the clock has passed it."""
+
+    clock: FakeClock
+    pending_at = 0.0  # where the next record lands on the GPU's timeline
+
+    def record(self):
+        self.t = FakeEvent.pending_at
+
+    def query(self):
+        return self.clock.gpu_now >= self.t
+
+    def elapsed_time(self, end):
+        return end.t - self.t
+
+
+def make(clock):
+    FakeEvent.clock = clock
+    return FakeEvent()
+
+
+def test_disabled_is_a_no_op():
+    t = GpuTimer(False, event=lambda: (_ for _ in ()).throw(AssertionError("no event off the GPU")))
+    assert t.start() is None
+    assert t.stop("step_b1", None) is None
+    t.collect()
+    assert t.snapshot() == {}
+
+
+def test_pairs_are_added_once_complete_in_order():
+    clock = FakeClock()
+    t = GpuTimer(True, event=lambda: make(clock))
+    FakeEvent.pending_at = 0.0
+    s = t.start()
+    FakeEvent.pending_at = 6.5
+    end1 = t.stop("step_b64", s)
+    s = t.start()
+    FakeEvent.pending_at = 9.0
+    t.stop("codec_first", s)
+    assert end1 is not None and end1.t == 6.5
+    t.collect()  # nothing has completed: nothing added, nothing waited for
+    assert t.snapshot() == {}
+    clock.gpu_now = 7.0  # the step is done, the codec call is not
+    t.collect()
+    assert t.snapshot() == {"step_b64": {"ms": 6.5, "calls": 1, "mean_ms": 6.5}}
+    clock.gpu_now = 9.0
+    t.collect()
+    snap = t.snapshot()
+    assert snap["codec_first"] == {"ms": 2.5, "calls": 1, "mean_ms": 2.5}
+    assert snap["step_b64"]["calls"] == 1  # not counted twice
+
+
+def test_pending_pairs_are_bounded(monkeypatch):
+    monkeypatch.setattr(gputime, "MAX_OPEN", 3)
+    clock = FakeClock()
+    t = GpuTimer(True, event=lambda: make(clock))
+    FakeEvent.pending_at = 1.0
+    for _ in range(5):
+        t.stop("prefill", t.start())
+    assert t.dropped == 2
+    clock.gpu_now = 1.0
+    t.collect()
+    assert t.snapshot()["prefill"]["calls"] == 3

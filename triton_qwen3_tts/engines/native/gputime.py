@@ -1,0 +1,79 @@
+"""GPU time per kind of work in the engine's loop, from CUDA event pairs around each launch.
+
+The loop launches its work without waiting for it (decode steps, prefills, the fused pipeline's
+codec calls), so host clocks measure queueing, not work. A :class:`GpuTimer` records a timing
+event before and after each launch, keeps the pair until the end event has completed (checked
+without blocking, ``Event.query``, whenever the loop has waited for the GPU anyway) and then adds
+``start.elapsed_time(end)`` to its kind's total. The totals, per kind (``step_b64``,
+``prefill``, ``codec_first``, ...), go into the engine's ``stats()`` and the server's periodic
+log line, and tell where the GPU's time goes under load: which share is talker steps, prefills
+and codec calls, and what each costs on average.
+
+A pair measures from the moment the GPU reaches the start event to the moment it reaches the
+end event: the work between them, plus any time the GPU sat idle inside that span waiting for
+the host to launch the rest (a launch the host enqueues in several pieces, such as a prefill's
+input copies and its graph). With the loop's work queued ahead of the GPU that gap is rare;
+under no load it is counted.
+
+Off the GPU (``enabled`` False) every call is a no-op. ``event`` is the event factory (tests
+pass a fake one).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Deque, Dict, Optional, Tuple
+
+MAX_OPEN = 4096  # pairs kept while their end event is pending (bounded if nobody collects)
+
+
+def _cuda_event():
+    import torch
+
+    return torch.cuda.Event(enable_timing=True)
+
+
+class GpuTimer:
+    def __init__(self, enabled: bool, event: Optional[Callable[[], object]] = None):
+        self.enabled = enabled
+        self._event = event or _cuda_event
+        self._open: Deque[Tuple[str, object, object]] = deque()
+        self.ms: Dict[str, float] = {}
+        self.calls: Dict[str, int] = {}
+        self.dropped = 0  # pairs dropped because too many were pending
+
+    def start(self):
+        """Record a start event on the current stream (None when disabled)."""
+        if not self.enabled:
+            return None
+        ev = self._event()
+        ev.record()
+        return ev
+
+    def stop(self, kind: str, start) -> object:
+        """Record the end event of ``kind``'s launch begun at ``start`` (from :meth:`start`);
+        returns it (a timing event, usable to wait for the launch) or None when disabled."""
+        if start is None:
+            return None
+        end = self._event()
+        end.record()
+        if len(self._open) >= MAX_OPEN:
+            self._open.popleft()
+            self.dropped += 1
+        self._open.append((kind, start, end))
+        return end
+
+    def collect(self) -> None:
+        """Add the pairs whose end event has completed, oldest first (never waits)."""
+        while self._open and self._open[0][2].query():
+            kind, start, end = self._open.popleft()
+            self.ms[kind] = self.ms.get(kind, 0.0) + float(start.elapsed_time(end))
+            self.calls[kind] = self.calls.get(kind, 0) + 1
+
+    def snapshot(self) -> Dict[str, dict]:
+        """``{kind: {"ms": total, "calls": n, "mean_ms": total / n}}`` of the collected pairs."""
+        ms, calls = dict(self.ms), dict(self.calls)  # dict copies are atomic under the GIL
+        return {
+            k: {"ms": round(v, 1), "calls": calls.get(k, 0), "mean_ms": round(v / max(1, calls.get(k, 0)), 3)}
+            for k, v in sorted(ms.items())
+        }
