@@ -224,8 +224,42 @@ def check_talker(out: dict) -> None:
     out["talker_argmax_equal"] = float((res["torch"][1].argmax(-1) == res["triton"][1].argmax(-1)).float().mean())
 
 
+def check_prefill(out: dict) -> None:
+    """prefill_rows with the talker layers' GEMMs on the kernels (``prefill_kernel_rows``)
+    against the torch blocks from the same state: two prompts of different lengths padded to one
+    bucket, written into slots 2 and 0: the KV caches, the hidden rows and the first c0, fp32."""
+    talker = _talker("tiny", 0, 0.2)
+    base = dict(max_num_seqs=4, max_model_len=32, device="cpu", dtype="float32", cuda_graphs=False)
+    models = {
+        "torch": NativeModel(talker, NativeEngineConfig(kernels="torch", **base), 0),
+        "triton": NativeModel(talker, NativeEngineConfig(kernels="triton", **base), 0),
+        "triton_rows0": NativeModel(talker, NativeEngineConfig(kernels="triton", prefill_kernel_rows=0, **base), 0),
+    }
+    g = torch.Generator().manual_seed(6)
+    P, Lb = 2, 8
+    m0 = models["torch"]
+    x = torch.randn(P, Lb, m0.D, generator=g) * 0.3
+    res = {}
+    for k, m in models.items():
+        m.reset_all()
+        m.greedy.fill_(True)
+        m.k_cache.zero_()
+        m.v_cache.zero_()
+        m.pf_x[: P * Lb * m.D].copy_(x.reshape(-1))
+        m.pf_slots[:P].copy_(torch.tensor([2, 0]))
+        m.pf_last[:P].copy_(torch.tensor([7, 4]))
+        with torch.inference_mode():
+            m.prefill_rows(P, Lb)
+        res[k] = (m.k_cache.clone(), m.v_cache.clone(), m.h.clone(), m.c0.clone())
+    for name, i in (("k_cache", 0), ("v_cache", 1), ("h", 2)):
+        out[f"prefill_{name}_maxdiff"] = _maxdiff(res["torch"][i], res["triton"][i])
+        out[f"prefill_rows0_{name}_maxdiff"] = _maxdiff(res["torch"][i], res["triton_rows0"][i])
+    out["prefill_h_scale"] = float(res["torch"][2].abs().max())
+    out["prefill_c0_equal"] = bool(torch.equal(res["torch"][3], res["triton"][3]))
+
+
 def check_engine_frames(out: dict) -> None:
-    """The whole engine with ``kernels="triton"`` (prefill on the torch blocks, decode steps on
+    """The whole engine with ``kernels="triton"`` (the prefill's GEMMs and the decode steps on
     the kernels): two greedy requests of different lengths, joined one step apart, give the
     reference ``generate_codes``'s frames (fp32, the projection variant)."""
     import asyncio
@@ -307,6 +341,7 @@ def main() -> int:
     check_decode_attention(out)
     check_code_predictor(out)
     check_talker(out)
+    check_prefill(out)
     check_engine_frames(out)
     check_bench_parity(out)
     print(json.dumps(out))

@@ -89,8 +89,17 @@ def test_talker_layers_match_torch_path(interp):
 
 
 @needs_triton
+def test_prefill_on_the_kernels_matches_the_torch_blocks(interp):
+    assert interp["prefill_h_scale"] > 0.1  # the hidden rows are not all zero
+    for n in ("k_cache", "v_cache", "h"):
+        assert interp[f"prefill_{n}_maxdiff"] < 1e-4, (n, interp[f"prefill_{n}_maxdiff"])
+        assert interp[f"prefill_rows0_{n}_maxdiff"] == 0.0  # prefill_kernel_rows 0: the torch blocks
+    assert interp["prefill_c0_equal"]
+
+
+@needs_triton
 def test_engine_greedy_frames_equal_the_reference(interp):
-    # prefill on the torch blocks, decode on the kernels, two requests joining a step apart
+    # prefill and decode on the kernels, two requests joining a step apart
     assert interp["engine_frames"] == [4, 3]
     assert interp["engine_frames_equal"] == [True, True]
 

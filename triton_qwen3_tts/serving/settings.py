@@ -213,6 +213,17 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_prefill_kernel_rows",
+        256,
+        "native engine with the Triton kernels: a prefill of at most this many padded rows (prompts x "
+        "length bucket) runs the talker layers' GEMMs on the kernels (norms folded in, residual and "
+        "SwiGLU epilogues: four kernels a layer where the torch blocks launch about ten); larger ones, "
+        "and all with 0, on the torch blocks",
+        lo=0,
+        hi=65536,
+        group="talker",
+    ),
+    Setting(
         "prompt_device",
         "auto",
         "where each prompt's text rows are projected (two text-width GEMMs per row, float32): 'auto' = "

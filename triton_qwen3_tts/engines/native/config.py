@@ -48,8 +48,14 @@ class NativeEngineConfig:
     * ``kernels``: ``"torch"`` (the decode step's layers as the blocks above) or ``"triton"``
       (:mod:`triton_qwen3_tts.engines.native.kernels`: the code predictor's layers as five
       fused Triton kernels each, the talker's as five plus SDPA; its own rounding; CUDA, or
-      Triton's interpreter for tests). Prefill keeps the torch blocks; the kernels' arithmetic
+      Triton's interpreter for tests). Prefill: ``prefill_kernel_rows``; the kernels' arithmetic
       is the fast one (SDPA, norms with the weight) whatever ``fast_math`` says.
+    * ``prefill_kernel_rows``: with ``kernels="triton"``, a prefill of at most this many padded
+      rows (prompts x length bucket) runs the talker layers' GEMMs on the Triton kernels (the
+      norms folded in, residual and SwiGLU epilogues: four kernels where the torch blocks launch
+      about ten, per layer); q/k norm, RoPE, the KV writes and causal SDPA stay torch ops. Larger
+      prefills, and any with 0, keep the torch blocks: the kernels' tiles are chosen for skinny
+      GEMMs and re-read the weights once per 64 rows.
     * ``batched_prefill``: the requests admitted in one scheduler round are prefilled together,
       right-padded to one length, in groups of at most ``prefill_max_tokens`` padded rows
       (False: one prefill per request, for A/B timing).
@@ -79,6 +85,7 @@ class NativeEngineConfig:
     compile: bool = False
     compile_backend: str = "inductor"
     kernels: str = "torch"
+    prefill_kernel_rows: int = 256
     batched_prefill: bool = True
     prefill_max_tokens: int = 4096
     prefill_graphs: Optional[bool] = None
@@ -91,6 +98,9 @@ class NativeEngineConfig:
         for f in ("max_num_seqs", "max_model_len", "max_trailing_tokens", "max_top_k", "prefill_max_tokens"):
             if not _pos_int(getattr(self, f)):
                 bad(f, f"must be a positive int, got {getattr(self, f)!r}")
+        v = self.prefill_kernel_rows
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            bad("prefill_kernel_rows", f"must be an int >= 0, got {v!r}")
         if self.max_model_len < 3:
             bad("max_model_len", "must be >= 3 (prompt + at least one frame)")
         if not isinstance(self.device, str) or not (

@@ -66,7 +66,6 @@ def _pre_attn(
     ``[b or 1, t, 1, hd]`` with the sign of rotate-half folded into sin (``sin[..., :hd/2]``
     negated), so RoPE is ``x * cos + roll(x, hd/2) * sin``. Returns q ``[b, H, t, hd]``, k, v
     ``[b, KV, t, hd]`` (transposed views)."""
-    b, t, _ = x.shape
     h = _rms(x, ln_w, eps, one_kernel_norm)
     nq, nk = heads * head_dim, kv_heads * head_dim
     if fused:
@@ -74,6 +73,15 @@ def _pre_attn(
     else:  # A/B: three GEMMs on views of the same weights
         wq, wk, wv = wqkv.split((nq, nk, nk))
         qkv = torch.cat((F.linear(h, wq), F.linear(h, wk), F.linear(h, wv)), dim=-1)
+    return _qk_rope(qkv, qk_w, cos, sin, eps, heads, kv_heads, head_dim)
+
+
+def _qk_rope(qkv, qk_w, cos, sin, eps: float, heads: int, kv_heads: int, head_dim: int):
+    """q/k RMSNorm and RoPE of a fused projection ``qkv [b, t, (H + 2 KV) * hd]`` (arguments
+    as :func:`_pre_attn`'s). Returns q ``[b, H, t, hd]``, k, v ``[b, KV, t, hd]`` (transposed
+    views)."""
+    b, t, _ = qkv.shape
+    nq, nk = heads * head_dim, kv_heads * head_dim
     qk = qkv[..., : nq + nk].reshape(b, t, heads + kv_heads, head_dim)
     qk = F.rms_norm(qk, (head_dim,), None, eps) * qk_w  # q_norm and k_norm in one pass
     qk = qk * cos + torch.roll(qk, head_dim // 2, dims=-1) * sin

@@ -18,6 +18,7 @@ from triton_qwen3_tts.engines.native.layers import (
     _compiled,
     _post_attn,
     _pre_attn,
+    _qk_rope,
     _rms,
     _rope_tables,
     _sample_ids,
@@ -259,13 +260,16 @@ class NativeModel:
         x = self.pf_x[: P * Lb * D].view(P, Lb, D)
         slots, last = self.pf_slots[:P], self.pf_last[:P]
         cos, sin = self.cos[None, :Lb, None], self.sin[None, :Lb, None]
-        allowed = None if self.fast else torch.ones(Lb, Lb, dtype=torch.bool, device=self.device).tril()
-        for i, ly in enumerate(self.layers):
-            q, k, v = self._qkv(ly, x, cos, sin, _pre_attn)
-            self.k_cache[i, :, :, :Lb].index_copy_(0, slots, k)
-            self.v_cache[i, :, :, :Lb].index_copy_(0, slots, v)
-            o = self._attend(ly, q, k, v, allowed, causal=True)
-            x = self._finish_layer(ly, x, o, _post_attn)
+        if self.triton_kernels and P * Lb <= self.cfg.prefill_kernel_rows:
+            x = self._prefill_layers_triton(P, Lb, x, cos, sin, slots)
+        else:
+            allowed = None if self.fast else torch.ones(Lb, Lb, dtype=torch.bool, device=self.device).tril()
+            for i, ly in enumerate(self.layers):
+                q, k, v = self._qkv(ly, x, cos, sin, _pre_attn)
+                self.k_cache[i, :, :, :Lb].index_copy_(0, slots, k)
+                self.v_cache[i, :, :, :Lb].index_copy_(0, slots, v)
+                o = self._attend(ly, q, k, v, allowed, causal=True)
+                x = self._finish_layer(ly, x, o, _post_attn)
         hn = _rms(x[self.ar[:P], last], self.norm_w, self.norm_eps, self.fast)  # [P, D]
         self.h.index_copy_(0, slots, hn)
         logits = self.talker.codec_logits(hn).float()
@@ -290,6 +294,26 @@ class NativeModel:
         self.presence.index_put_((slots, c0), self.true_)
         self.ngen.index_fill_(0, slots, 1)
         self.pf_c0[:P].copy_(c0)
+
+    def _prefill_layers_triton(self, P: int, Lb: int, x, cos, sin, slots):
+        """:meth:`prefill_rows`' talker layers with their GEMMs on :mod:`.kernels`
+        (``prefill_kernel_rows``): per layer the q/k/v GEMM with the input norm folded in, q/k
+        norm and RoPE (torch, :func:`_qk_rope`), the KV writes, causal SDPA, o-proj + residual,
+        gate/up with the post-attention norm folded in + SwiGLU, down + residual. ``x [P, Lb, D]``;
+        returns the last layer's output, same shape."""
+        D = self.D
+        h = x.reshape(P * Lb, D)
+        for i, ly in enumerate(self.layers):
+            wqkv, wgu = self.tk_folded[i]
+            qkv = nk.linear(h, wqkv, rms=True, eps=ly.eps).view(P, Lb, -1)
+            q, k, v = _qk_rope(qkv, ly.qk_w, cos, sin, ly.eps, ly.heads, ly.kv_heads, ly.head_dim)
+            self.k_cache[i, :, :, :Lb].index_copy_(0, slots, k)
+            self.v_cache[i, :, :, :Lb].index_copy_(0, slots, v)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [P, H, Lb, hd]
+            h = nk.linear(o.transpose(1, 2).reshape(P * Lb, -1), ly.wo, residual=h)
+            a = nk.linear(h, wgu, rms=True, eps=ly.eps, swiglu=True)
+            h = nk.linear(a, ly.wdown, residual=h)
+        return h.view(P, Lb, D)
 
     # -- sampling ----------------------------------------------------------------------------
     def _sample(self, scores, greedy, temp, top_k, top_p, key, counter, cols, K, use_top_p=True, plain=False):
