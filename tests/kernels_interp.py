@@ -232,7 +232,7 @@ def check_prefill(out: dict) -> None:
     base = dict(max_num_seqs=4, max_model_len=32, device="cpu", dtype="float32", cuda_graphs=False)
     models = {
         "torch": NativeModel(talker, NativeEngineConfig(kernels="torch", **base), 0),
-        "triton": NativeModel(talker, NativeEngineConfig(kernels="triton", **base), 0),
+        "triton": NativeModel(talker, NativeEngineConfig(kernels="triton", prefill_kernel_rows=256, **base), 0),
         "triton_rows0": NativeModel(talker, NativeEngineConfig(kernels="triton", prefill_kernel_rows=0, **base), 0),
     }
     g = torch.Generator().manual_seed(6)
@@ -259,9 +259,10 @@ def check_prefill(out: dict) -> None:
 
 
 def check_engine_frames(out: dict) -> None:
-    """The whole engine with ``kernels="triton"`` (the prefill's GEMMs and the decode steps on
-    the kernels): two greedy requests of different lengths, joined one step apart, give the
-    reference ``generate_codes``'s frames (fp32, the projection variant)."""
+    """The whole engine with ``kernels="triton"`` (the decode steps on the kernels; the prefill on
+    the torch blocks, and with ``prefill_kernel_rows`` on the kernels too): two greedy requests
+    of different lengths, joined one step apart, give the reference ``generate_codes``'s frames
+    (fp32, the projection variant)."""
     import asyncio
 
     import numpy as np
@@ -286,7 +287,7 @@ def check_engine_frames(out: dict) -> None:
             ).numpy()
             for p, t, mf in prompts
         ]
-    cfg = NativeEngineConfig(
+    base = dict(
         max_num_seqs=2,
         max_model_len=32,
         device="cpu",
@@ -298,7 +299,7 @@ def check_engine_frames(out: dict) -> None:
         kernels="triton",
     )
 
-    async def run():
+    async def run(cfg):
         eng = await NativeEngine.create(None, cfg, talker=talker)
         try:
 
@@ -317,9 +318,12 @@ def check_engine_frames(out: dict) -> None:
         finally:
             eng.shutdown()
 
-    res = asyncio.run(run())
-    out["engine_frames_equal"] = [bool(r.shape == w.shape and np.array_equal(r, w)) for r, w in zip(res, refs)]
-    out["engine_frames"] = [int(len(r)) for r in res]
+    for key, rows in (("", 0), ("_prefill_kernels", 256)):
+        res = asyncio.run(run(NativeEngineConfig(prefill_kernel_rows=rows, **base)))
+        out[f"engine_frames_equal{key}"] = [
+            bool(r.shape == w.shape and np.array_equal(r, w)) for r, w in zip(res, refs)
+        ]
+        out[f"engine_frames{key}"] = [int(len(r)) for r in res]
 
 
 def check_bench_parity(out: dict) -> None:

@@ -54,8 +54,10 @@ class NativeEngineConfig:
       rows (prompts x length bucket) runs the talker layers' GEMMs on the Triton kernels (the
       norms folded in, residual and SwiGLU epilogues: four kernels where the torch blocks launch
       about ten, per layer); q/k norm, RoPE, the KV writes and causal SDPA stay torch ops. Larger
-      prefills, and any with 0, keep the torch blocks: the kernels' tiles are chosen for skinny
-      GEMMs and re-read the weights once per 64 rows.
+      prefills keep the torch blocks (the kernels' tiles are chosen for skinny GEMMs and re-read
+      the weights once per 64 rows). Default 0 (always the torch blocks): on the H100 a
+      one-prompt prefill of 32 rows took 4.04 ms of GPU time on the kernels against 3.71 on the
+      torch blocks (runs 33b-33c, docs/benchmark-history.md).
     * ``batched_prefill``: the requests admitted in one scheduler round are prefilled together,
       right-padded to one length, in groups of at most ``prefill_max_tokens`` padded rows
       (False: one prefill per request, for A/B timing).
@@ -85,7 +87,7 @@ class NativeEngineConfig:
     compile: bool = False
     compile_backend: str = "inductor"
     kernels: str = "torch"
-    prefill_kernel_rows: int = 256
+    prefill_kernel_rows: int = 0
     batched_prefill: bool = True
     prefill_max_tokens: int = 4096
     prefill_graphs: Optional[bool] = None
