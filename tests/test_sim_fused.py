@@ -59,3 +59,14 @@ def test_the_calibration_command_runs(capsys):
     assert sf.main(["--calibrate", "--streams", "1", "--rates", "10", "--seeds", "1", "--duration", "2"]) == 0
     out = capsys.readouterr().out
     assert "simulated (not measured)" in out and "measured: 11.46" in out
+
+
+def test_run33_costs_are_the_default(capsys):
+    """The default cost table is run 33's GPU timing, printed beside run 33a's measurement."""
+    assert sf.main(["--streams", "--rates", "60", "--seeds", "1", "--duration", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "open run33 seed 0" in out and "measured: 232.3" in out
+    # a small codec call costs its measured floor, not the 32-stream compile ratio's share; a
+    # full one its compiled time
+    assert sf.H100_RUN33.codec(1, 2) == sf.CODEC_FLOOR_MS > sf._codec_table(True)[1, 2]
+    assert sf.H100_RUN33.codec(32, 25) == pytest.approx(sf._codec_table(True)[32, 25])
