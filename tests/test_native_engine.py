@@ -592,3 +592,32 @@ def test_engines_on_two_gpus_in_one_process_capture_on_their_own_devices(tiny_ch
             dl.close()
     assert outs[0].shape == (12, 16)
     np.testing.assert_array_equal(outs[1], outs[0])
+
+
+def test_slot_reset_and_move_touch_every_table_and_only_their_rows(engine):
+    """reset_slot / reset_rows / move_slot run one multi-tensor op per dtype group: every state
+    table's row is zeroed or moved, the other rows are untouched (5 rows: 4 slots + scratch)."""
+    m = engine.model
+    assert m.state[0].shape[0] == 5
+    groups = [t for g in m._state_groups for t in g]
+    assert sorted(map(id, groups)) == sorted(map(id, m.state))  # each table in one group
+    g = torch.Generator().manual_seed(11)
+    with torch.inference_mode():
+        for t in m.state:
+            if t.dtype == torch.bool:
+                t.copy_(torch.rand(t.shape, generator=g) < 0.5)
+            elif t.dtype.is_floating_point:
+                t.copy_(torch.rand(t.shape, generator=g).to(t.dtype) + 0.5)
+            else:
+                t.copy_(torch.randint(1, 100, t.shape, generator=g))
+        before = [t.clone() for t in m.state]
+        m.move_slot(3, 1, 0)
+        for t, b in zip(m.state, before):
+            assert torch.equal(t[1], b[3])
+            assert torch.equal(t[0], b[0]) and torch.equal(t[2:], b[2:])
+        m.reset_slot(4)
+        m.reset_rows(2, 4)
+        for t, b in zip(m.state, before):
+            assert not t[2:5].any()
+            assert torch.equal(t[0], b[0]) and torch.equal(t[1], b[3])
+        m.reset_all()  # the engine's free slots are zeros (other tests share it)
