@@ -311,10 +311,10 @@ class FusedPipeline:
         import torch
 
         streams = [self._by_sid[sid] for sid in batch.sids]
-        reqs = []
-        for st in streams:
-            codes = torch.from_numpy(np.ascontiguousarray(st.take(batch.frames), dtype=np.int64))[None]
-            reqs.append(ResidentRequest(st.state.sid, to_device_async(codes, self.device), False, False))
+        # one host-to-device copy for the batch's codes [b, T, 16]; each request a view of it
+        codes = np.stack([st.take(batch.frames) for st in streams]).astype(np.int64, copy=False)
+        on_dev = to_device_async(torch.from_numpy(codes), self.device)
+        reqs = [ResidentRequest(st.state.sid, on_dev[i : i + 1], False, False) for i, st in enumerate(streams)]
         defer = self._defer and self.device.type == "cuda"
         timer = self._gpu_time
         t0 = timer.start()
