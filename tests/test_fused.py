@@ -65,13 +65,14 @@ def plain(tiny_checkpoint, loop):
     eng.shutdown()
 
 
-def _pipe(tiny_checkpoint, loop, decoder, slots=8, engine_kw=None, **policy):
+def _pipe(tiny_checkpoint, loop, decoder, slots=8, engine_kw=None, first_on_device=True, **policy):
     eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(**(engine_kw or {}))))
     sd = StatefulCodecDecoder(decoder).eval()
     kw = dict(first_chunk_frames=1, ramp=(2, 4), chunk_frames=8, buffer_s=0.4, urgent_s=0.1, max_batch=4)
     kw.update(policy)
     kw["frame_buckets"] = frame_buckets(kw["first_chunk_frames"], kw["ramp"], kw["chunk_frames"])
-    return FusedPipeline(eng, sd, StatePool(sd, slots, "cpu", torch.float32, idle_timeout_s=0), DeadlinePolicy(**kw))
+    pool = StatePool(sd, slots, "cpu", torch.float32, idle_timeout_s=0)
+    return FusedPipeline(eng, sd, pool, DeadlinePolicy(**kw), first_on_device=first_on_device)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,31 @@ def _decode(decoder, codes):
 
 
 def test_fused_audio_equals_frames_decoded_whole(pipe, plain, decoder, loop):
+    lent = pipe.fused_stats.lent
     _check_audio_equals_frames(pipe, plain, decoder, loop)
+    assert pipe.fused_stats.lent > lent  # first chunks took their frame from the unread step
+
+
+@pytest.mark.parametrize(
+    "first_on_device,max_batch", [(True, 4), (True, 1), (False, 4)], ids=["on_device", "one_a_call", "read_first"]
+)
+def test_fused_audio_equals_frames_decoded_whole_first_chunk_of_two(
+    tiny_checkpoint, plain, decoder, loop, first_on_device, max_batch
+):
+    """Two-frame first chunks (the recommended setting): with ``first_on_device`` the chunk's
+    first frame comes from the host and its second from the engine's unread step on the device
+    (dropped when the engine reads it); without, the engine reads the step first. The same
+    audio either way; with one stream a codec call, streams that could take the unread frame but
+    are not decoded in that call give it back and get it from the engine."""
+    p = _pipe(
+        tiny_checkpoint, loop, decoder, first_on_device=first_on_device, first_chunk_frames=2, max_batch=max_batch
+    )
+    try:
+        _check_audio_equals_frames(p, plain, decoder, loop, first=2)
+        assert (p.fused_stats.lent > 0) == first_on_device
+        assert all(not st.skip for st in p._streams.values())
+    finally:
+        p.shutdown()
 
 
 def test_fused_audio_equals_frames_decoded_whole_without_overlap(tiny_checkpoint, plain, decoder, loop):
@@ -128,7 +153,7 @@ def test_fused_audio_equals_frames_decoded_whole_without_overlap(tiny_checkpoint
         p.shutdown()
 
 
-def _check_audio_equals_frames(pipe, plain, decoder, loop):
+def _check_audio_equals_frames(pipe, plain, decoder, loop, first=1):
     d = plain.hidden
     lengths = [3, 11, 17, 6, 9]  # more streams than talker slots: some wait for a slot
     reqs = [lambda i=i, n=n: _req(f"r{i}", d, n, 100 + i) for i, n in enumerate(lengths)]
@@ -142,7 +167,7 @@ def _check_audio_equals_frames(pipe, plain, decoder, loop):
     for n, f, chunks in zip(lengths, frames, audio):
         assert f.shape == (n, 16)
         assert all(c.dtype == np.float32 and c.size % SPF == 0 and c.size for c in chunks)
-        assert chunks[0].size == SPF  # first chunk: first_chunk_frames
+        assert chunks[0].size == min(first, n) * SPF  # first chunk: first_chunk_frames
         got = np.concatenate(chunks)
         want = _decode(decoder, f)
         assert got.shape == want.shape
@@ -334,7 +359,8 @@ def test_cowork_finish_gets_a_step_launched_behind_its_work(tiny_checkpoint, loo
 
 
 def test_read_first_only_for_a_first_chunk_the_step_completes(pipe, monkeypatch):
-    """FusedPipeline.read_first: True when one more frame completes a stream's first chunk."""
+    """FusedPipeline.read_first (``first_on_device`` off): True when one more frame completes a
+    stream's first chunk."""
     import types
 
     from triton_qwen3_tts.serving.talker.fused import _Stream
@@ -345,6 +371,9 @@ def test_read_first_only_for_a_first_chunk_the_step_completes(pipe, monkeypatch)
     st = _Stream("x", StreamState(999, 0.0))
     pipe._streams["x"] = st
     try:
+        st.state.pending = first - 1
+        assert not pipe.read_first({"x"})  # first_on_device: run takes the frame on the device
+        monkeypatch.setattr(pipe, "_first_on_device", False)
         st.state.pending = first - 2
         assert not pipe.read_first({"x"})
         st.state.pending = first - 1

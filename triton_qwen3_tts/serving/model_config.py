@@ -140,6 +140,7 @@ class TalkerModelConfig:
     pipeline: str = default("pipeline")
     fused_buffer_ms: int = default("fused_buffer_ms")
     fused_ride_along: str = default("fused_ride_along")
+    fused_first_on_device: bool = default("fused_first_on_device")
     first_chunk_frames: int = default("first_chunk_frames")
     chunk_ramp: tuple = tuple(int(x) for x in default("chunk_ramp").split(","))
     chunk_frames: int = default("chunk_frames")

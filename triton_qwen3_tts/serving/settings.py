@@ -267,6 +267,15 @@ SETTINGS: Tuple[Setting, ...] = (
         choices=RIDE_ALONG,
         group="talker",
     ),
+    Setting(
+        "fused_first_on_device",
+        True,
+        "pipeline fused: a stream's first chunk takes its last frame from the talker step still on the "
+        "GPU, gathered on the device behind it, so the codec call is launched without waiting for that "
+        "step (false: the loop waits for the step and reads it first, and the GPU idles while the loop "
+        "prepares the call)",
+        group="talker",
+    ),
     # ---- codec
     Setting(
         "codec_mode",

@@ -53,6 +53,8 @@ replay. Greedy requests take the argmax after the same codebook-0 processing as 
   step is unread): True to have the loop read the steps in flight first, and hand their frames to
   ``on_events``, because those frames complete work that should not queue behind another step
   (the fused pipeline: a stream's first chunk). ``request_ids``: the requests with rows in them;
+* ``unread_rows()`` (engine method, for ``run``): the rows of the launched, unread step, whose
+  frames a co-worker may read on the device (``model.out``) before the next step is launched;
 * ``frames_to_cowork`` (optional, default False): True when ``on_events`` is where the frames
   go. ``synthesize`` then yields none (it ends with its request, or raises its error), and the
   loop spares every stream a queue hand-over and a coroutine switch per step (at 64 streams most
@@ -634,6 +636,16 @@ class NativeEngine:
                     self._release(r)
             events.extend(read)
         return events
+
+    def unread_rows(self) -> Dict[str, int]:
+        """Request id -> output row (of ``model.out``) of the launched step not yet read, for
+        each row that gives its request a frame (requests not stopped before it); empty unless
+        exactly one step is unread. For a co-worker's ``run`` (worker thread): until the loop
+        launches its next step, which rewrites ``model.out``, it may read those rows on the
+        device, queued behind the step, instead of waiting for the step to be read."""
+        if len(self._inflight) != 1:
+            return {}
+        return {r.req.request_id: i for i, r in enumerate(self._inflight[0].rows) if not r.stopped}
 
     def _tell(self, events) -> None:
         if self.cowork is not None and events:

@@ -115,4 +115,6 @@ def make_fused(cfg: TalkerModelConfig, engine):
         cfg.codec_max_batch,
         cfg.fused_ride_along,
     )
-    return FusedPipeline(engine, runner or sd, pool, policy, prime_frames=cfg.chunk_frames)
+    return FusedPipeline(
+        engine, runner or sd, pool, policy, prime_frames=cfg.chunk_frames, first_on_device=cfg.fused_first_on_device
+    )

@@ -37,6 +37,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence
 import numpy as np
 
 from triton_qwen3_tts.engines.native.gputime import GpuTimer
+from triton_qwen3_tts.serving.codec.batch import NUM_QUANTIZERS
 from triton_qwen3_tts.serving.settings import default
 
 from triton_qwen3_tts.serving.codec.stateful import (
@@ -86,6 +87,7 @@ class FusedStats:
     codec_frames: int = 0
     codec_seconds: float = 0.0  # wall time of the codec calls (each ends with a host sync)
     chunks: int = 0
+    lent: int = 0  # first chunks' last frames taken from the engine's unread step on the device
     misses: int = 0  # chunks sent after the client's buffer ran dry (server-side underruns)
     slack: Histogram = field(default_factory=lambda: Histogram(SLACK_BUCKETS))
     lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
@@ -107,9 +109,12 @@ class _Stream:
     state: StreamState
     frames: List[np.ndarray] = field(default_factory=list)  # pending frames, [n, 16] each
     ended: bool = False  # its last item (audio end or an error) is out
+    skip: int = 0  # frames decoded from the device before the engine read them (dropped then)
 
     def take(self, n: int) -> np.ndarray:
         """The first ``n`` pending frames ``[n, 16]`` (removed)."""
+        if n == 0:
+            return np.zeros((0, NUM_QUANTIZERS), np.int64)
         codes = np.concatenate(self.frames) if len(self.frames) > 1 else self.frames[0]
         rest = codes[n:]
         self.frames = [rest] if rest.shape[0] else []
@@ -129,11 +134,15 @@ class FusedPipeline:
         policy: DeadlinePolicy,
         clock: Callable[[], float] = time.monotonic,
         prime_frames: int = 50,
+        first_on_device: bool = True,
     ):
         """``engine``: a started NativeEngine (it gets this object as its co-worker);
         ``codec``: a StatefulCodecDecoder or StatefulGraphRunner (``step(codes, state)``);
         ``pool``: the StatePool holding every stream's codec state; ``prime_frames``: frames per
-        codec call when a prefix primes a stream."""
+        codec call when a prefix primes a stream; ``first_on_device`` (the setting
+        ``fused_first_on_device``): a first chunk whose last frame is in the engine's unread step
+        takes that frame on the device (:meth:`run`), else the engine reads the step first
+        (:meth:`read_first`)."""
         self.engine = engine
         self.codec = codec
         self.pool = pool
@@ -154,6 +163,7 @@ class FusedPipeline:
         self._defer = bool(getattr(getattr(engine, "config", None), "overlap_steps", False))
         self._unread: Optional[tuple] = None
         self._no_timer = GpuTimer(False)
+        self._first_on_device = bool(first_on_device) and hasattr(engine, "unread_rows")
         engine.cowork = self
 
     @property
@@ -225,6 +235,7 @@ class FusedPipeline:
             "codec_seconds": round(st.codec_seconds, 3),
             "reasons": dict(st.reasons),
             "chunks": st.chunks,
+            "first_frames_on_device": st.lent,
             "deadline_misses": st.misses,
         }
 
@@ -289,6 +300,8 @@ class FusedPipeline:
         step) completes its first chunk: the engine then reads that step before ``run``, so the
         first chunk's codec call does not queue behind the next talker step (a step's time added
         to the time to first audio)."""
+        if self._first_on_device:
+            return False  # run takes that frame on the device instead
         first = self.policy.first_chunk_frames
         for rid in request_ids:
             st = self._streams.get(rid)
@@ -303,17 +316,40 @@ class FusedPipeline:
         self._apply_commands()
         live = [s.state for s in self._streams.values() if not s.ended]
         first = self.policy.first_chunk_frames
+        lent = self._lend_unread(first)
         urgent = any(s.chunks == 0 and not s.talker_done and s.pending < first for s in live)
         now = self.clock()
         batch = self.policy.pick(live, now, talker_busy, urgent)
+        picked = set(batch.sids) if batch is not None else set()
+        for sid in [sid for sid in lent if sid not in picked]:  # not decoded now: the engine reads it
+            self._by_sid[sid].state.pending -= 1
+            del lent[sid]
         if batch is None:
             return False
         import torch
 
         streams = [self._by_sid[sid] for sid in batch.sids]
-        # one host-to-device copy for the batch's codes [b, T, 16]; each request a view of it
-        codes = np.stack([st.take(batch.frames) for st in streams]).astype(np.int64, copy=False)
+        # one host-to-device copy for the batch's codes [b, T, 16]; each request a view of it;
+        # a lent frame's place is filled on the device from the engine's unread step
+        parts = []
+        for st in streams:
+            if st.state.sid in lent:
+                host = st.take(batch.frames - 1)
+                st.state.pending -= 1
+                st.skip += 1
+                parts.append(np.concatenate([host, np.zeros((1, host.shape[1]), np.int64)]))
+            else:
+                parts.append(st.take(batch.frames))
+        codes = np.stack(parts).astype(np.int64, copy=False)
         on_dev = to_device_async(torch.from_numpy(codes), self.device)
+        if lent:
+            at = [i for i, st in enumerate(streams) if st.state.sid in lent]
+            idx = to_device_async(
+                torch.tensor([at, [lent[streams[i].state.sid] for i in at]], dtype=torch.int64), self.device
+            )
+            out = self.engine.model.out
+            on_dev[idx[0], -1] = out[idx[1], : on_dev.shape[2]].to(on_dev.dtype)
+            self.fused_stats.lent += len(at)
         reqs = [ResidentRequest(st.state.sid, on_dev[i : i + 1], False, False) for i, st in enumerate(streams)]
         defer = self._defer and self.device.type == "cuda"
         timer = self._gpu_time
@@ -326,6 +362,23 @@ class FusedPipeline:
             ready.record()
         self._unread = (batch, streams, results, ready, now)
         return True
+
+    def _lend_unread(self, first: int) -> Dict[int, int]:
+        """With ``first_on_device``: the streams whose first chunk lacks only the frame of the
+        engine's unread step (their ``pending`` counts it from here; :meth:`run` gives it back
+        unless the policy decodes them now), as ``{sid: output row}``."""
+        if not self._first_on_device:
+            return {}
+        rows = self.engine.unread_rows()
+        lent = {}
+        if rows:
+            for rid, st in self._streams.items():
+                s = st.state
+                if st.ended or s.chunks or s.talker_done or st.skip or s.pending + 1 != first or rid not in rows:
+                    continue
+                s.pending += 1
+                lent[s.sid] = rows[rid]
+        return lent
 
     def finish(self) -> None:
         """Hand out the audio of the codec call ``run`` launched (waiting for it on the GPU)."""
@@ -372,8 +425,11 @@ class FusedPipeline:
             if st is None or st.ended:
                 continue
             if frames is not None:
-                st.frames.append(np.asarray(frames))
-                st.state.pending += int(frames.shape[0])
+                if st.skip:  # decoded from the device already (run)
+                    st.skip -= 1
+                else:
+                    st.frames.append(np.asarray(frames))
+                    st.state.pending += int(frames.shape[0])
             if finished:
                 st.state.talker_done = True
         self._end_finished()
