@@ -369,15 +369,17 @@ class FusedPipeline:
         unless the policy decodes them now), as ``{sid: output row}``."""
         if not self._first_on_device:
             return {}
-        rows = self.engine.unread_rows()
+        want = [
+            st
+            for st in self._streams.values()
+            if not (st.ended or st.state.chunks or st.state.talker_done or st.skip) and st.state.pending + 1 == first
+        ]
+        rows = self.engine.unread_rows() if want else {}
         lent = {}
-        if rows:
-            for rid, st in self._streams.items():
-                s = st.state
-                if st.ended or s.chunks or s.talker_done or st.skip or s.pending + 1 != first or rid not in rows:
-                    continue
-                s.pending += 1
-                lent[s.sid] = rows[rid]
+        for st in want:
+            if st.rid in rows:
+                st.state.pending += 1
+                lent[st.state.sid] = rows[st.rid]
         return lent
 
     def finish(self) -> None:
