@@ -289,6 +289,47 @@ def test_frames_go_only_to_a_cowork_that_takes_them(tiny_checkpoint, loop):
         eng.shutdown()
 
 
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "read_each_step"])
+def test_unread_rows_name_the_frames_the_next_read_delivers(tiny_checkpoint, loop, overlap):
+    """``unread_rows()`` at ``run``: each request's row of the unread step, whose ``model.out``
+    codes are the frame ``on_events`` then delivers for it; none once its last frame is read
+    (no frame to come) and none without the overlap (every step is read before ``run``)."""
+
+    class Peeker(_Cowork):
+        def __init__(self):
+            self.peeked, self.got = [], {}
+
+        def run(self, talker_busy):
+            rows = eng.unread_rows()
+            out = eng.model.out
+            # (request, frames it has so far, the peeked codes): the next frame it gets
+            self.peeked += [(rid, len(self.got.get(rid, [])), out[i, :16].clone().numpy()) for rid, i in rows.items()]
+            return False
+
+        def on_events(self, events):
+            for rid, f, _ in events:
+                if f is not None:
+                    self.got.setdefault(rid, []).append(f[0])
+
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(overlap_steps=overlap)))
+    try:
+        eng.cowork = w = Peeker()
+        reqs = [_req(f"u{i}", eng.hidden, n, seed=20 + i) for i, n in enumerate((4, 7))]
+
+        async def both():
+            return await asyncio.gather(*[_frames(eng, r) for r in reqs])
+
+        loop.run_until_complete(both())
+        if not overlap:
+            assert w.peeked == []
+            return
+        assert len(w.peeked) >= 4 and {rid for rid, _, _ in w.peeked} == {"u0", "u1"}
+        for rid, k, codes in w.peeked:  # the frame the next read delivers to that request
+            assert k < len(w.got[rid]) and np.array_equal(codes, w.got[rid][k]), (rid, k)
+    finally:
+        eng.shutdown()
+
+
 @pytest.mark.parametrize("read_first", [None, True], ids=["overlap", "read_first"])
 def test_cowork_read_first_reads_the_step_in_flight_before_run(tiny_checkpoint, loop, read_first):
     """The engine launches a step before reading the previous one; a co-worker's ``read_first``
