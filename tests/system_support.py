@@ -117,10 +117,12 @@ def wait_idle(server, timeout=60.0):
         time.sleep(0.2)
 
 
-def metric(server, name):
-    """Sum of a metric's samples on the server's metrics port."""
+def metric(server, name, labels=""):
+    """Sum of a metric's samples on the server's metrics port (``labels``: a regex the sample's
+    label text must contain, e.g. ``'kind="prefill"'``)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}{{[^}}]*}} ([0-9.e+-]+)$", text, re.M))
+    found = re.finditer(rf"^{name}{{([^}}]*)}} ([0-9.e+-]+)$", text, re.M)
+    return sum(float(m.group(2)) for m in found if re.search(labels, m.group(1)))
 
 
 def batch_sizes(server, model):

@@ -1,8 +1,12 @@
 """GpuTimer's accounting (engines/native/gputime.py) with fake events: pairs are added only once
-their end event has completed, oldest first, and never by waiting."""
+their end event has completed, oldest first, and never by waiting; the host-clock events of a CPU
+device; the increments the tts exports as counters (serving/talker/fused.py)."""
+
+import pytest
 
 from triton_qwen3_tts.engines.native import gputime
-from triton_qwen3_tts.engines.native.gputime import GpuTimer
+from triton_qwen3_tts.engines.native.gputime import GpuTimer, HostEvent
+from triton_qwen3_tts.serving.talker.fused import device_time_increments
 
 
 class FakeClock:
@@ -73,3 +77,24 @@ def test_pending_pairs_are_bounded(monkeypatch):
     clock.gpu_now = 1.0
     t.collect()
     assert t.snapshot()["prefill"]["calls"] == 3
+
+
+def test_host_event_times_synchronous_work():
+    t = GpuTimer(True, event=HostEvent)
+    s = t.start()
+    sum(range(20000))
+    end = t.stop("prefill", s)
+    end.synchronize()  # a no-op: the work is done
+    t.collect()
+    snap = t.snapshot()["prefill"]
+    assert snap["calls"] == 1 and snap["ms"] >= 0.0
+
+
+def test_device_time_increments_count_only_what_grew():
+    seen = {}
+    first = device_time_increments({"step_b8": {"ms": 12.0, "calls": 2}, "prefill": {"ms": 3.5, "calls": 1}}, seen)
+    assert sorted(first) == [("prefill", pytest.approx(0.0035), 1), ("step_b8", pytest.approx(0.012), 2)]
+    again = device_time_increments({"step_b8": {"ms": 12.0, "calls": 2}, "prefill": {"ms": 7.0, "calls": 2}}, seen)
+    assert again == [("prefill", pytest.approx(0.0035), 1)]  # step_b8 did not grow: nothing to add
+    assert device_time_increments({"step_b8": {"ms": 11.0, "calls": 2}}, seen) == []  # never counts down
+    assert seen["step_b8"] == (12.0, 2)

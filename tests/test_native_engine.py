@@ -594,6 +594,22 @@ def test_engines_on_two_gpus_in_one_process_capture_on_their_own_devices(tiny_ch
     np.testing.assert_array_equal(outs[1], outs[0])
 
 
+def test_stats_time_each_kind_of_launch(engine, ref, loop):
+    """On the CPU the engine times its launches with the host clock (the work is synchronous):
+    after a request, its prefill and the steps of its batch bucket are counted."""
+    talker, pad = ref
+    before = engine.stats()["gpu_ms"]
+    pe, tr = _prompt(talker.config.hidden_size, 5, 2, seed=41)
+    loop.run_until_complete(
+        _collect(engine, TalkerRequest(request_id="timed", prompt_embeds=pe, trailing=tr, max_frames=3, greedy=True))
+    )
+    after = engine.stats()["gpu_ms"]
+    assert after["prefill"]["calls"] == before.get("prefill", {}).get("calls", 0) + 1
+    steps = sum(v["calls"] for k, v in after.items() if k.startswith("step_b"))
+    assert steps >= sum(v["calls"] for k, v in before.items() if k.startswith("step_b")) + 3
+    assert all(v["ms"] >= 0 and v["mean_ms"] >= 0 for v in after.values())
+
+
 def test_slot_reset_and_move_touch_every_table_and_only_their_rows(engine):
     """reset_slot / reset_rows / move_slot run one multi-tensor op per dtype group: every state
     table's row is zeroed or moved, the other rows are untouched (5 rows: 4 slots + scratch)."""

@@ -68,6 +68,15 @@ def test_concurrent_greedy_streams_equal_whole_decode(server, tiny_checkpoint):
     while metric(server, "qwen3_tts_fused_codec_batch_size_count") < 3:
         assert time.time() < deadline, "no fused codec batches in the metrics"
         time.sleep(0.2)
+    # the engine's device time per kind of launch (the host clock on this CPU): the requests'
+    # prefills and first-chunk calls (batched: one launch may serve several; the warm-up's are
+    # not exported), their steps
+    launches = lambda kind: metric(server, "qwen3_tts_fused_device_launches_total", f'kind="{kind}"')  # noqa: E731
+    while launches("step_b[0-9]+") < max(f for _, f in cases):  # the longest request's steps at least
+        assert time.time() < deadline, "the steps are missing from the device-time counters"
+        time.sleep(0.2)
+    assert launches("prefill") >= 1 and launches("codec_first") >= 1
+    assert metric(server, "qwen3_tts_fused_device_seconds_total", 'kind="step_b[0-9]+"') > 0
 
 
 def test_cancel_ends_the_stream_and_the_server_serves_on(server):

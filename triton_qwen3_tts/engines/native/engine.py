@@ -89,7 +89,7 @@ from triton_qwen3_tts.engines.base import (
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig
 from triton_qwen3_tts.engines.native.model import NativeModel
 from triton_qwen3_tts.engines.native.graphs import _Graphs
-from triton_qwen3_tts.engines.native.gputime import GpuTimer
+from triton_qwen3_tts.engines.native.gputime import GpuTimer, HostEvent
 from triton_qwen3_tts.engines.rng import gumbel_noise, hash_seed
 
 __all__ = [
@@ -135,11 +135,12 @@ _END = object()
 class _Launched:
     """A decode step on the GPU whose frames are not read yet: ``rows[i]`` is the request of
     output row ``i``; ``host`` receives ``out[:n]`` behind the step, ``ready`` marks the copy done
-    (None on the CPU, where the copy is synchronous)."""
+    (a timing event of the engine's ``gpu_time``; on the CPU, where the copy is synchronous, a
+    host-clock one)."""
 
     rows: List[_Req]
     host: torch.Tensor
-    ready: Optional["torch.cuda.Event"]
+    ready: Optional[object]
 
 
 def _h2d(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -189,8 +190,8 @@ class NativeEngine:
         self._inflight: deque = deque()  # _Launched steps, oldest first (at most two)
         self._host_out: List[torch.Tensor] = []  # two host buffers for out, used in turn
         self.cowork = None  # optional: other work in this loop (module docstring)
-        # GPU time per kind of launch (steps per batch bucket, prefills; the co-worker adds its
-        # own): enabled on CUDA once the model is loaded
+        # device time per kind of launch (steps per batch bucket, prefills; the co-worker adds
+        # its own): CUDA timing events on a GPU, the host clock on the CPU, from the load on
         self.gpu_time = GpuTimer(False)
 
     @classmethod
@@ -234,7 +235,7 @@ class NativeEngine:
             p.requires_grad_(False)
         self.model = NativeModel(talker, c, tts_pad_id)
         pin = self.model.out.is_cuda
-        self.gpu_time = GpuTimer(pin)
+        self.gpu_time = GpuTimer(True, event=None if pin else HostEvent)
         self._host_out = [
             torch.empty(self.model.out.shape, dtype=self.model.out.dtype, pin_memory=pin) for _ in range(2)
         ]
@@ -551,7 +552,7 @@ class NativeEngine:
             self.model.step(B, C, tp)
         host = self._host_out[self.steps % 2][:n]  # the step before the last is read by now
         host.copy_(self.model.out[:n], non_blocking=host.is_pinned())
-        ready = self.gpu_time.stop(f"step_b{B}", t0)  # the frames' copy is done (None on the CPU)
+        ready = self.gpu_time.stop(f"step_b{B}", t0)  # the frames' copy is done
         self.steps += 1
         self.step_hist[(B, C)] = self.step_hist.get((B, C), 0) + 1
         for r in rows:

@@ -15,16 +15,37 @@ the host to launch the rest (a launch the host enqueues in several pieces, such 
 input copies and its graph). With the loop's work queued ahead of the GPU that gap is rare;
 under no load it is counted.
 
-Off the GPU (``enabled`` False) every call is a no-op. ``event`` is the event factory (tests
-pass a fake one).
+On a CPU device the engine passes :class:`HostEvent` (the work is done when its call returns,
+so the host's clock at each record measures it). With ``enabled`` False every call is a no-op.
+``event`` is the event factory (tests pass a fake one).
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Callable, Deque, Dict, Optional, Tuple
 
 MAX_OPEN = 4096  # pairs kept while their end event is pending (bounded if nobody collects)
+
+
+class HostEvent:
+    """A timing event for work done synchronously on the host (a CPU device): the host clock
+    at :meth:`record`; always complete. The methods of ``torch.cuda.Event`` used here."""
+
+    t = 0.0
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: "HostEvent") -> float:
+        return (end.t - self.t) * 1000.0
 
 
 def _cuda_event():

@@ -443,6 +443,21 @@ class FusedPipeline:
                 self._out.append((st.rid, _END))
 
 
+def device_time_increments(gpu_ms: Dict[str, dict], seen: Dict[str, tuple]) -> List[tuple]:
+    """What the per-kind device-time counters gain since the last call, from the engine's
+    cumulative ``stats()["gpu_ms"]`` (kind -> ``{"ms", "calls"}``): ``(kind, seconds,
+    launches)`` for each kind whose totals grew. ``seen`` (kind -> ``(ms, calls)`` exported so
+    far) is updated; a total never counts down."""
+    out = []
+    for kind, v in gpu_ms.items():
+        ms, n = float(v["ms"]), int(v["calls"])
+        ms0, n0 = seen.get(kind, (0.0, 0))
+        if ms > ms0 or n > n0:
+            out.append((kind, max(0.0, ms - ms0) / 1000.0, max(0, n - n0)))
+            seen[kind] = (max(ms, ms0), max(n, n0))
+    return out
+
+
 def frame_buckets(first_chunk_frames: int, ramp: Sequence[int], chunk_frames: int) -> tuple:
     """The codec's CUDA-graph frame counts for the fused pipeline: powers of two up to
     ``chunk_frames`` plus the chunk schedule's sizes (every pending count rounds down to one)."""
@@ -478,4 +493,12 @@ def deadline_policy(
     )
 
 
-__all__ = ["FusedPipeline", "FusedStats", "Histogram", "deadline_policy", "frame_buckets", "FRAME_SECONDS"]
+__all__ = [
+    "FusedPipeline",
+    "FusedStats",
+    "Histogram",
+    "deadline_policy",
+    "device_time_increments",
+    "frame_buckets",
+    "FRAME_SECONDS",
+]

@@ -319,10 +319,18 @@ class _FusedMetrics:
     by ``gpu`` (one engine per lane), exported by a thread of their own once a second: each
     ``observe()`` is an IPC to the stub's parent, and on the event loop they would delay the
     engine (hundreds per second under load). The scheduler's counters go to the log twice a
-    minute."""
+    minute. The engine's device time per kind of launch (its ``gpu_ms``) becomes two counters
+    labelled by ``kind``, created as kinds appear."""
 
     def __init__(self, lanes):
-        from triton_qwen3_tts.serving.talker.fused import BATCH_BUCKETS, LAG_BUCKETS, SLACK_BUCKETS
+        from triton_qwen3_tts.serving.talker.fused import (
+            BATCH_BUCKETS,
+            LAG_BUCKETS,
+            SLACK_BUCKETS,
+            device_time_increments,
+        )
+
+        self._device_time = device_time_increments
 
         M = pb_utils.MetricFamily
         hists = {
@@ -363,7 +371,18 @@ class _FusedMetrics:
             description="Streams whose codec state the GPU's engine holds",
             kind=M.GAUGE,
         )
+        device = {
+            "device_s": (
+                "qwen3_tts_fused_device_seconds_total",
+                "Device time of the GPU's engine launches by kind (step_b<rows bucket>, prefill, "
+                "codec_<reason>), from timing events around each launch",
+            ),
+            "device_n": ("qwen3_tts_fused_device_launches_total", "The GPU's engine launches by kind"),
+        }
+        for key, (name, desc) in device.items():
+            self.families[key] = M(name=name, description=desc, kind=M.COUNTER)
         self.seen = {}  # (gpu, key) -> value exported so far
+        self.device_seen = {gpu: {} for gpu in range(len(self.lanes))}  # kind -> (ms, calls) exported
         for gpu, lane in enumerate(self.lanes):
             labels = {"model": "tts", "gpu": str(gpu)}
             for key, (_, _, buckets) in hists.items():
@@ -373,8 +392,10 @@ class _FusedMetrics:
             self.metrics[gpu, "states"] = self.families["states"].Metric(labels=labels)
             for state in ("started", "finished", "aborted"):
                 self.metrics[gpu, state] = self.families["streams"].Metric(labels={**labels, "state": state})
-            for key, value in lane.snapshot()["counts"].items():  # the warm-up's: not exported
+            snap = lane.snapshot()
+            for key, value in snap["counts"].items():  # the warm-up's: not exported
                 self.seen[gpu, key] = value
+            self._device_time(snap["stats"].get("gpu_ms", {}), self.device_seen[gpu])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tts-fused-metrics", daemon=True)
         self._thread.start()
@@ -401,6 +422,14 @@ class _FusedMetrics:
                 if value > self.seen[gpu, key]:
                     self.metrics[gpu, key].increment(value - self.seen[gpu, key])
                     self.seen[gpu, key] = value
+            for kind, seconds, launches in self._device_time(snap["stats"].get("gpu_ms", {}), self.device_seen[gpu]):
+                for fam, value in (("device_s", seconds), ("device_n", launches)):
+                    m = self.metrics.get((gpu, fam, kind))
+                    if m is None:
+                        labels = {"model": "tts", "gpu": str(gpu), "kind": kind}
+                        m = self.metrics[gpu, fam, kind] = self.families[fam].Metric(labels=labels)
+                    if value > 0:
+                        m.increment(value)
         return snaps
 
     def stop(self):
