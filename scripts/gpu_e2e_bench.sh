@@ -15,7 +15,8 @@
 # PER_LEVEL=1 (one benchmark_service run per level, server metrics snapshot after each),
 # RATES (open loop on the same server after the closed loop: Poisson arrivals at these req/s,
 # OPEN_FRAMES-frame clips (default 50, 4 s), OPEN_ARGS default "--duration 15 --warmup 2
-# --streams 64"; its table ends with the capacity line; OPEN_TIMEOUT default 400 s), LEVELS=""
+# --streams 64"; its table ends with the capacity line; OPEN_TIMEOUT default 400 s; PER_RATE=1: one
+# run per rate, each followed by a metrics snapshot metrics_TAG_rR.txt), LEVELS=""
 # (no closed loop), READY_S (seconds to wait for readiness, default 300).
 # PROFILE_RATE=R: after the open loop, py-spy profiles of the tts stub and the engine workers during
 # PROFILE_S seconds (default 15) of an open loop at R req/s (scripts/gpu_pyspy.sh; pyspy_TAG_PID.txt).
@@ -83,7 +84,17 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
       --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service_$TAG.json" \
       --out-csv "$OUT/service_$TAG.csv" --no-progress 2>&1 | tail -30
   fi
-  if [ "$service" = 1 ] && [ -n "${RATES:-}" ]; then
+  if [ "$service" = 1 ] && [ -n "${RATES:-}" ] && [ "${PER_RATE:-0}" = 1 ]; then
+    # one open loop per rate and a metrics snapshot after each (the device-time counters and the
+    # histograms per rate, by differencing); each table's capacity line covers its one rate
+    for R in $RATES; do
+      # shellcheck disable=SC2086
+      timeout "${OPEN_TIMEOUT:-400}" python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate "$R" \
+        --fixed-frames "${OPEN_FRAMES:-50}" ${OPEN_ARGS:---duration 15 --warmup 2 --streams 64} \
+        --out-json "$OUT/open_${TAG}_r$R.json" --out-csv "$OUT/open_${TAG}_r$R.csv" --no-progress 2>&1 | tail -4
+      curl -s localhost:18002/metrics | grep -E "^qwen3_tts" > "$OUT/metrics_${TAG}_r$R.txt"
+    done
+  elif [ "$service" = 1 ] && [ -n "${RATES:-}" ]; then
     # shellcheck disable=SC2086
     timeout "${OPEN_TIMEOUT:-400}" python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate $RATES \
       --fixed-frames "${OPEN_FRAMES:-50}" ${OPEN_ARGS:---duration 15 --warmup 2 --streams 64} \
