@@ -316,9 +316,7 @@ class NativeModel:
             self.k_cache[i, :, :, :Lb].index_copy_(0, slots, k)
             self.v_cache[i, :, :, :Lb].index_copy_(0, slots, v)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [P, H, Lb, hd]
-            h = nk.linear(o.transpose(1, 2).reshape(P * Lb, -1), ly.wo, residual=h)
-            a = nk.linear(h, wgu, rms=True, eps=ly.eps, swiglu=True)
-            h = nk.linear(a, ly.wdown, residual=h)
+            h = _post_attn_kernels(ly, wgu, h, o.transpose(1, 2).reshape(P * Lb, -1))
         return h.view(P, Lb, D)
 
     # -- sampling ----------------------------------------------------------------------------
@@ -446,9 +444,7 @@ class NativeModel:
                     ly.kv_heads,
                     ly.eps,
                 )
-                x = nk.linear(o, ly.wo, residual=x)
-                a = nk.linear(x, wgu, rms=True, eps=ly.eps, swiglu=True)
-                x = nk.linear(a, ly.wdown, residual=x)
+                x = _post_attn_kernels(ly, wgu, x, o)
             last = x.view(B, t, -1)[:, -1]
             logits = nk.linear(last, self.cp_heads[j - 1], rms=True, eps=self.cp_norm_eps, out_dtype=torch.float32)
             c = self.sample_residual(B, logits, noise[:, j - 1], top_p)
@@ -517,9 +513,7 @@ class NativeModel:
                 o = _decode_sdpa(ly, q, kc[sl, :, :C], vc[sl, :, :C], add_mask)
             else:
                 o = nk.decode_attention(q, kc, vc, pos, C, ly.heads, ly.kv_heads)
-            x = nk.linear(o.reshape(B, -1), ly.wo, residual=x)
-            a = nk.linear(x, wgu, rms=True, eps=ly.eps, swiglu=True)
-            x = nk.linear(a, ly.wdown, residual=x)
+            x = _post_attn_kernels(ly, wgu, x, o.reshape(B, -1))
         hn = _rms(x, self.norm_w, self.norm_eps, True)
         self.h_new[sl].copy_(hn)
         nk.linear(hn, self.talker.codec_head.weight, out=self.logits[sl])
@@ -555,6 +549,15 @@ def _decode_sdpa(a, q, k, v, add_mask):
     return F.scaled_dot_product_attention(
         q.reshape(q.shape[0], a.kv_heads, a.heads // a.kv_heads, a.head_dim), k, v, attn_mask=add_mask
     )
+
+
+def _post_attn_kernels(ly: _Layer, wgu: torch.Tensor, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    """A layer's second half on :mod:`.kernels` (the torch blocks' ``_post_attn``): o-proj +
+    residual, gate/up with the post-attention norm folded in (``wgu``, :func:`_folded`) + SwiGLU,
+    down + residual. ``x [M, D]`` the layer's input rows, ``o [M, H * hd]`` their attention."""
+    x = nk.linear(o, ly.wo, residual=x)
+    a = nk.linear(x, wgu, rms=True, eps=ly.eps, swiglu=True)
+    return nk.linear(a, ly.wdown, residual=x)
 
 
 def _folded(layers) -> list:
