@@ -36,7 +36,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from triton_qwen3_tts.engines.native.gputime import GpuTimer
+from triton_qwen3_tts.engines.native.gputime import GpuTimer, HostEvent
 from triton_qwen3_tts.serving.codec.batch import NUM_QUANTIZERS
 from triton_qwen3_tts.serving.settings import default
 
@@ -162,15 +162,18 @@ class FusedPipeline:
         # host without blocking (``_defer``). ``_unread``: the call ``finish`` is to hand out.
         self._defer = bool(getattr(getattr(engine, "config", None), "overlap_steps", False))
         self._unread: Optional[tuple] = None
-        self._no_timer = GpuTimer(False)
+        # the codec calls' timer when the engine has none: their events still mark the audio's
+        # copy done for ``finish``
+        self._own_timer = GpuTimer(True, event=None if self.device.type == "cuda" else HostEvent)
         self._first_on_device = bool(first_on_device) and hasattr(engine, "unread_rows")
         engine.cowork = self
 
     @property
     def _gpu_time(self) -> GpuTimer:
         """The engine's GPU timer (the codec calls' time beside its steps and prefills, in its
-        stats' ``gpu_ms``); a disabled one for engines without."""
-        return getattr(self.engine, "gpu_time", None) or self._no_timer
+        stats' ``gpu_ms``); one of this pipeline's own for engines without an enabled one."""
+        t = getattr(self.engine, "gpu_time", None)
+        return t if t is not None and t.enabled else self._own_timer
 
     # -- the engine-like interface (event loop) -----------------------------------------------
     @property
@@ -356,10 +359,7 @@ class FusedPipeline:
         t0 = timer.start()
         # ends with the audio's copy to the host, or (defer) with that copy launched
         results = run_resident_batch(reqs, self.pool, self.codec, defer_copy=defer)
-        ready = timer.stop(f"codec_{batch.reason}", t0)
-        if defer and ready is None:
-            ready = torch.cuda.Event()
-            ready.record()
+        ready = timer.stop(f"codec_{batch.reason}", t0)  # marks the audio's copy done
         self._unread = (batch, streams, results, ready, now)
         return True
 
@@ -388,9 +388,8 @@ class FusedPipeline:
             return
         batch, streams, results, ready, now = self._unread
         self._unread = None
-        if ready is not None:
-            ready.synchronize()
-            self._gpu_time.collect()
+        ready.synchronize()
+        self._gpu_time.collect()
         t_end = self.clock()
         stats = self.fused_stats
         stats.codec_seconds += t_end - now
