@@ -289,9 +289,40 @@ async def sweep(args) -> dict:
 # ------------------------------------------------------------------------------------------------
 
 
+def fill_random_state(m, ctx0: int, top_p: float, g) -> None:
+    """Fill a NativeModel's slot tables for a timed decode step: random hidden states, codes and
+    KV cache at context ``ctx0``, sampled (not greedy) rows with ``top_p``, drawn from the CPU
+    generator ``g``. The step's outputs are then valid codes, its timing that of a real step."""
+    from triton_qwen3_tts.engines.native.engine import hash_seed
+
+    dev = m.device
+    S = m.h.shape[0]  # slots + the scratch slot
+    m.h.copy_((torch.randn(S, m.D, generator=g)).to(dev, m.dtype))
+    m.c0.copy_(torch.randint(0, m.cb, (S,), generator=g).to(dev))
+    m.pos.fill_(ctx0)
+    m.frame_idx.fill_(ctx0 // 2)
+    m.ngen.fill_(ctx0 // 2)
+    m.n_trailing.fill_(0)
+    m.presence.zero_()
+    m.presence[:, :200] = True
+    m.temp.fill_(0.9)
+    m.sub_temp.fill_(0.9)
+    m.top_k.fill_(50)
+    m.sub_top_k.fill_(50)
+    m.top_p.fill_(top_p)
+    m.rep.fill_(1.05)
+    m.min_new.fill_(2)
+    m.greedy.zero_()
+    m.sub_greedy.zero_()
+    m.suppress_eos.fill_(True)
+    m.key.copy_(torch.tensor([hash_seed(i) for i in range(S)], device=dev))
+    m.k_cache.normal_(0, 1)
+    m.v_cache.normal_(0, 1)
+
+
 def profile_step(args) -> dict:
     """Time one decode step per batch bucket, whole and in three parts, each its own graph."""
-    from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig, hash_seed
+    from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig
 
     if not args.device.startswith("cuda"):
         raise SystemExit("--profile-step needs --device cuda")
@@ -314,28 +345,7 @@ def profile_step(args) -> dict:
     g = torch.Generator(device="cpu").manual_seed(0)
 
     def reset_state():
-        S = m.h.shape[0]  # slots + the scratch slot
-        m.h.copy_((torch.randn(S, m.D, generator=g)).to(dev, m.dtype))
-        m.c0.copy_(torch.randint(0, m.cb, (S,), generator=g).to(dev))
-        m.pos.fill_(ctx0)
-        m.frame_idx.fill_(ctx0 // 2)
-        m.ngen.fill_(ctx0 // 2)
-        m.n_trailing.fill_(0)
-        m.presence.zero_()
-        m.presence[:, :200] = True
-        m.temp.fill_(0.9)
-        m.sub_temp.fill_(0.9)
-        m.top_k.fill_(50)
-        m.sub_top_k.fill_(50)
-        m.top_p.fill_(args.profile_top_p)
-        m.rep.fill_(1.05)
-        m.min_new.fill_(2)
-        m.greedy.zero_()
-        m.sub_greedy.zero_()
-        m.suppress_eos.fill_(True)
-        m.key.copy_(torch.tensor([hash_seed(i) for i in range(S)], device=dev))
-        m.k_cache.normal_(0, 1)
-        m.v_cache.normal_(0, 1)
+        fill_random_state(m, ctx0, args.profile_top_p, g)
 
     reset_state()
     tp = args.profile_top_p < 1.0  # the graph variant the engine would pick for these requests
