@@ -119,10 +119,11 @@ def main(argv=None) -> int:
         sd, "cuda", torch.bfloat16, True, max(b for b, _ in shapes), frame_buckets, compile=args.codec_compile
     )
     codec = {}
-    for b, t in shapes:
-        slot = runner._slot(*graph_key(b, t, runner.batch_buckets, runner.frame_buckets))
-        slot.codes.copy_(torch.randint(0, ccfg.codebook_size, slot.codes.shape, device=dev))
-        codec[(b, t)] = slot
+    with torch.inference_mode():  # the runner's buffers are inference tensors
+        for b, t in shapes:
+            slot = runner._slot(*graph_key(b, t, runner.batch_buckets, runner.frame_buckets))
+            slot.codes.copy_(torch.randint(0, ccfg.codebook_size, slot.codes.shape, device=dev))
+            codec[(b, t)] = slot
     torch.cuda.synchronize()
     print(f"codec graphs ready in {time.perf_counter() - t0:.1f} s (compile {args.codec_compile})")
 

@@ -124,8 +124,9 @@ def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
         dict(fuse_weights=False, skip_top_p=False, batched_prefill=False),
         dict(compile=True, compile_backend="eager"),
         dict(overlap_steps=False),
+        dict(loop_thread=False),
     ],
-    ids=["fast_math", "unfused", "compile_traced", "read_each_step"],
+    ids=["fast_math", "unfused", "compile_traced", "read_each_step", "loop_in_executor"],
 )
 def test_greedy_matches_reference_engine_variants(tiny_checkpoint, ref, loop, kw):
     """The fast paths (SDPA with is_causal / an additive mask, one-kernel RMSNorm, stacked
@@ -159,10 +160,13 @@ def _check_join_and_leave(engine, ref, loop):
     assert max(b for b, _ in engine.step_hist) == 4  # the full bucket was used
 
 
-def test_greedy_burst_batched_prefill(engine, ref, loop):
-    """A simultaneous burst of 6 requests with different prompt lengths over 4 slots: the first 4
-    are prefilled as one right-padded batch, the rest as slots free up; every request's greedy
-    frames equal the reference's."""
+@pytest.mark.parametrize("loop_thread", [False, True], ids=["executor", "loop_thread"])
+def test_greedy_burst_batched_prefill(tiny_checkpoint, ref, loop, loop_thread):
+    """A simultaneous burst of 6 requests with different prompt lengths over 4 slots: every
+    request's greedy frames equal the reference's. With the loop in the event loop's executor the
+    first 4 are prefilled as one right-padded batch, the rest as slots free up; with
+    ``loop_thread`` the thread admits the first arrival as soon as it is queued, so which of them
+    share a prefill depends on timing (their frames must not)."""
     talker, pad = ref
     d = talker.config.hidden_size
     specs = [(4, 2, 9), (19, 0, 7), (11, 5, 12), (2, 9, 6), (15, 3, 8), (8, 1, 10)]
@@ -171,18 +175,23 @@ def test_greedy_burst_batched_prefill(engine, ref, loop):
         pe, tr = _prompt(d, L, N, seed=300 + i)
         reqs.append(TalkerRequest(request_id=f"burst{i}", prompt_embeds=pe, trailing=tr, max_frames=mf, greedy=True))
         wants.append(_reference(talker, pad, pe, tr, mf))
-    before = dict(engine.prefill_hist)
+    engine = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(loop_thread=loop_thread)))
+    try:
 
-    async def burst():
-        return await asyncio.gather(*(_collect(engine, r) for r in reqs))
+        async def burst():
+            return await asyncio.gather(*(_collect(engine, r) for r in reqs))
 
-    outs = loop.run_until_complete(burst())
-    for i, (got, want) in enumerate(zip(outs, wants)):
-        np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
-    new = {k: n - before.get(k, 0) for k, n in engine.prefill_hist.items() if n > before.get(k, 0)}
-    assert any(P >= 4 for P, _, _ in new), new  # one batched prefill of the 4 first requests
-    assert (4, 19, False) in new, new  # padded to the longest of them (eager on CPU)
-    assert engine.stats()["active"] == 0 and engine.stats()["tracked"] == 0
+        outs = loop.run_until_complete(burst())
+        for i, (got, want) in enumerate(zip(outs, wants)):
+            np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
+        new = engine.prefill_hist
+        assert sum(P * n for (P, _, _), n in new.items()) >= 6, new  # every prompt prefilled (padding rows too)
+        if not loop_thread:
+            assert any(P >= 4 for P, _, _ in new), new  # one batched prefill of the 4 first requests
+            assert (4, 19, False) in new, new  # padded to the longest of them (eager on CPU)
+        assert engine.stats()["active"] == 0 and engine.stats()["tracked"] == 0
+    finally:
+        engine.shutdown()
 
 
 class _ReplayAsCalls:
@@ -218,7 +227,9 @@ def test_greedy_prefill_buckets_as_in_graph_mode(tiny_checkpoint, ref, loop):
     than every bucket prefills eagerly, and all greedy frames still equal the reference's."""
     talker, pad = ref
     d = talker.config.hidden_size
-    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(prefill_max_tokens=64)))
+    # the loop in the executor: a burst is admitted in one round (a loop thread admits the first
+    # arrival at once), so the prefill groups below are deterministic
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(prefill_max_tokens=64, loop_thread=False)))
     try:
         fake = _ReplayAsCalls(eng.model, eng.config)
         eng.graphs, eng.pf_graphs = fake, True
@@ -439,6 +450,43 @@ def test_abort_waiting_and_closed_stream(engine, ref, loop):
     loop.run_until_complete(asyncio.sleep(0.05))
     st = engine.stats()
     assert st["active"] == 0 and st["waiting"] == 0 and st["tracked"] == 0
+
+
+@pytest.mark.parametrize("loop_thread", [False, True], ids=["executor", "loop_thread"])
+def test_failed_step_fails_every_stream_and_later_requests(tiny_checkpoint, ref, loop, loop_thread):
+    """A decode step that raises ends every stream in flight with the error (none hangs), in
+    either place the loop runs, and a later request is refused with it."""
+    talker, _ = ref
+    d = talker.config.hidden_size
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(loop_thread=loop_thread)))
+    step, calls = eng.model.step, []
+
+    def failing(*a):
+        calls.append(1)
+        if len(calls) > 3:
+            raise RuntimeError("injected step failure")
+        return step(*a)
+
+    eng.model.step = failing
+    pe, tr = _prompt(d, 6, 2, seed=7)
+
+    async def run():
+        reqs = [
+            TalkerRequest(request_id=f"f{i}", prompt_embeds=pe, trailing=tr, max_frames=40, seed=i, suppress_eos=True)
+            for i in range(3)
+        ]
+        return await asyncio.wait_for(
+            asyncio.gather(*(_collect(eng, r) for r in reqs), return_exceptions=True), timeout=30
+        )
+
+    try:
+        outs = loop.run_until_complete(run())
+        assert all(isinstance(o, RuntimeError) and "injected step failure" in str(o) for o in outs), outs
+        with pytest.raises(RuntimeError, match="native engine failed"):
+            loop.run_until_complete(_collect(eng, TalkerRequest(request_id="late", prompt_embeds=pe, trailing=tr)))
+        assert eng.stats()["tracked"] == 0
+    finally:
+        eng.shutdown()
 
 
 def test_seeded_sampling_reproducible(engine, ref, loop):

@@ -33,6 +33,7 @@ MODEL_FIELDS = {
         "native_batch_buckets": "native_batch_buckets",
         "native_kernels": "native_kernels",
         "native_overlap": "native_overlap",
+        "native_loop_thread": "native_loop_thread",
         "native_prefill_kernel_rows": "native_prefill_kernel_rows",
         "prompt_device": "prompt_device",
     },

@@ -132,6 +132,7 @@ class TalkerModelConfig:
     native_batch_buckets: str = default("native_batch_buckets")
     native_kernels: str = default("native_kernels")
     native_overlap: bool = default("native_overlap")
+    native_loop_thread: bool = default("native_loop_thread")
     native_prefill_kernel_rows: int = default("native_prefill_kernel_rows")
     prompt_device: str = default("prompt_device")
     engine_cpu_threads: int = default("engine_cpu_threads")

@@ -213,6 +213,15 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_loop_thread",
+        True,
+        "native engine: run the scheduler loop on a thread of its own, handing each iteration's "
+        "frames to the event loop without waiting for it, so the event loop's work (streams, "
+        "requests) runs while the loop waits for the GPU (false: each iteration in the event "
+        "loop's executor, the hand-over between iterations)",
+        group="talker",
+    ),
+    Setting(
         "native_prefill_kernel_rows",
         0,
         "native engine with the Triton kernels: a prefill of at most this many padded rows (prompts x "

@@ -69,6 +69,10 @@ class NativeEngineConfig:
       (frames to the streams, releases, admissions) runs while the GPU computes the next one. A row
       whose EOS is read only then has run one extra step, whose frame is dropped. False reads each
       step before the next (for A/B timing).
+    * ``loop_thread``: the scheduler loop runs on a thread of its own and hands each iteration's
+      frames to the event loop without waiting for it, so the event loop's work runs while the
+      loop waits for the GPU (engine module docstring); False: an asyncio task runs each
+      iteration in the default executor and hands its frames over between iterations.
     """
 
     max_num_seqs: int = 8
@@ -92,6 +96,7 @@ class NativeEngineConfig:
     prefill_max_tokens: int = 4096
     prefill_graphs: Optional[bool] = None
     overlap_steps: bool = True
+    loop_thread: bool = True
 
     def __post_init__(self):
         def bad(f, msg):
@@ -129,7 +134,7 @@ class NativeEngineConfig:
             bad("kernels", f"{self.kernels!r}; allowed: {', '.join(KERNELS)}")
         if self.prefill_graphs is not None and not isinstance(self.prefill_graphs, bool):
             bad("prefill_graphs", f"must be a bool or None, got {self.prefill_graphs!r}")
-        for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill", "overlap_steps"):
+        for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill", "overlap_steps", "loop_thread"):
             if not isinstance(getattr(self, f), bool):
                 bad(f, f"must be a bool, got {getattr(self, f)!r}")
         if self.fast_math is not None and not isinstance(self.fast_math, bool):

@@ -47,8 +47,10 @@ replay. Greedy requests take the argmax after the same codebook-0 processing as 
   queued behind that work while the host waits for it and then does the rest of the iteration;
 * ``on_events(events)`` (worker thread, end of each iteration): ``(request_id, frames [1, 16] or
   None, finished)`` of every request the iteration touched;
-* ``has_work() -> bool`` and ``dispatch()`` (event loop, between iterations): whether the loop
-  must keep turning for it, and a chance to hand its results to its consumers;
+* ``has_work() -> bool`` (where the loop runs, when it has no request of its own): whether it
+  must keep turning for the co-worker's worker-thread work;
+* ``dispatch()`` (event loop, after each iteration): a chance to hand its results to its
+  consumers;
 * ``read_first(request_ids) -> bool`` (optional; worker thread, before ``run``, while a launched
   step is unread): True to have the loop read the steps in flight first, and hand their frames to
   ``on_events``, because those frames complete work that should not queue behind another step
@@ -60,8 +62,20 @@ replay. Greedy requests take the argmax after the same codebook-0 processing as 
   loop spares every stream a queue hand-over and a coroutine switch per step (at 64 streams most
   of the loop's own time on the host).
 
-The loop runs one iteration at a time, so the co-worker's worker-thread and loop-thread parts never
-run at once; ``wake()`` makes an idle loop look again.
+**Where the loop runs.** With ``loop_thread`` (the default) the scheduler loop has a thread of
+its own: it takes admissions from the waiting queue, runs one iteration after the other and hands
+each iteration's events to the event loop (``call_soon_threadsafe``), which puts them into the
+streams' queues while the thread is already on its next iteration. The event loop's work (the
+hand-over, the streams' consumers, new requests) then runs while the thread waits for the GPU,
+instead of between two iterations: with the overlap the GPU has one step queued, and every
+millisecond of host work beyond that step's time leaves it idle. Without ``loop_thread`` an
+asyncio task runs each iteration in the default executor and does the hand-over itself between
+iterations. Either way one iteration runs at a time. The loop thread lowers the interpreter's
+GIL switch interval to ``SWITCH_INTERVAL_S`` (process-wide), so that it does not wait 5 ms for the
+event loop's turn before launching a step. With the thread, the co-worker's
+``has_work`` runs on the loop thread and its ``dispatch`` on the event loop, at the same time as
+the worker-thread parts: they may only touch what is safe to share (deques: appends and pops).
+``wake()`` makes an idle loop look again.
 
 Imports neither vLLM nor Triton.
 """
@@ -70,6 +84,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -130,6 +146,9 @@ class _Req:
 
 _END = object()
 
+# the interpreter's GIL switch interval with ``loop_thread`` (seconds; ``_scheduler_thread``)
+SWITCH_INTERVAL_S = 0.0005
+
 
 @dataclass(eq=False)
 class _Launched:
@@ -180,6 +199,11 @@ class NativeEngine:
         self._by_id: Dict[str, _Req] = {}
         self._wake: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task] = None
+        # loop_thread: the loop thread sleeps on this when idle; the lock makes abort's check of
+        # the waiting queue and its removal one step against the thread's admissions
+        self._twake = threading.Event()
+        self._wlock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
         self._closed = False
         self._error: Optional[BaseException] = None
         self._rng = random.Random(config.seed)
@@ -266,7 +290,8 @@ class NativeEngine:
         if self.model is None:
             await asyncio.get_running_loop().run_in_executor(None, self._load)
         self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._scheduler())
+        body = self._scheduler_thread() if self.config.loop_thread else self._scheduler()
+        self._task = asyncio.get_running_loop().create_task(body)
 
     # -- requests ----------------------------------------------------------------------------
     @property
@@ -302,7 +327,7 @@ class NativeEngine:
         r = _Req(req=req, prompt=pe, trailing=tr, key=hash_seed(seed), queue=asyncio.Queue())
         self._by_id[req.request_id] = r
         self._waiting.append(r)
-        self._wake.set()
+        self.wake()
         finished = False
         try:
             while True:
@@ -333,20 +358,25 @@ class NativeEngine:
         if r is None or r.done:
             return
         r.aborted = True
-        if r in self._waiting:  # not handed to the scheduler yet (the deque is loop-owned)
-            self._waiting.remove(r)
+        with self._wlock:  # the loop thread takes admissions from the deque under the lock
+            waiting = r in self._waiting
+            if waiting:  # not handed to the scheduler yet
+                self._waiting.remove(r)
+        if waiting:
             self._finish(r)
             return
         if r.freed is None:
             r.freed = asyncio.Event()
-        self._wake.set()
+        self.wake()
         if self._task is not None and not self._task.done():
             await r.freed.wait()
 
     def wake(self) -> None:
-        """Make an idle scheduler look for work again (the co-worker has some)."""
+        """Make an idle scheduler look for work again (the co-worker has some). Event loop
+        thread only (``asyncio.Event`` is not thread-safe)."""
         if self._wake is not None:
             self._wake.set()
+        self._twake.set()
 
     def stats(self) -> dict:
         return {
@@ -360,8 +390,11 @@ class NativeEngine:
 
     def shutdown(self) -> None:
         self._closed = True
+        self._twake.set()
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)  # it stops after its iteration in progress
         for r in list(self._by_id.values()):
             if not r.done:
                 r.queue.put_nowait(EngineError("engine shut down"))
@@ -652,34 +685,104 @@ class NativeEngine:
         if self.cowork is not None and events:
             self.cowork.on_events([(r.req.request_id, frames, stop) for r, frames, stop in events])
 
+    def _admissions(self) -> List[_Req]:
+        """Waiting requests to admit now (up to ``max_num_seqs`` active)."""
+        admits = []
+        with self._wlock:
+            while self._waiting and len(self._active) + len(admits) < self.config.max_num_seqs:
+                admits.append(self._waiting.popleft())
+        return admits
+
+    def _idle(self) -> bool:
+        cw = self.cowork
+        idle = not self._active and not self._waiting and not self._inflight
+        return idle and (cw is None or not cw.has_work())
+
+    def _deliver(self, events) -> None:
+        """Event loop: hand an iteration's events to the streams, then the co-worker's results."""
+        cw = self.cowork
+        keep = cw is None or not getattr(cw, "frames_to_cowork", False)
+        for r, frames, stop in events:
+            if keep and frames is not None and not r.aborted:
+                r.queue.put_nowait(frames)
+            if stop:
+                self._finish(r)
+        if cw is not None:
+            cw.dispatch()
+
+    def _fail_all(self, e: BaseException) -> None:
+        """Event loop: the loop failed; every stream gets the error and ends."""
+        self._error = e
+        for r in list(self._by_id.values()):
+            r.queue.put_nowait(RuntimeError(f"native engine step failed: {e!r}"))
+            self._finish(r)
+
     async def _scheduler(self) -> None:
+        """The loop as an asyncio task: each iteration in the default executor (``loop_thread``
+        off)."""
         loop = asyncio.get_running_loop()
         try:
             while not self._closed:
-                cw = self.cowork
-                idle = not self._active and not self._waiting and not self._inflight
-                if idle and (cw is None or not cw.has_work()):
+                if self._idle():
                     self._wake.clear()
                     await self._wake.wait()
                     continue
-                admits = []
-                while self._waiting and len(self._active) + len(admits) < self.config.max_num_seqs:
-                    admits.append(self._waiting.popleft())
-                events = await loop.run_in_executor(None, self._work, admits)
-                keep = cw is None or not getattr(cw, "frames_to_cowork", False)
-                for r, frames, stop in events:
-                    if keep and frames is not None and not r.aborted:
-                        r.queue.put_nowait(frames)
-                    if stop:
-                        self._finish(r)
-                if cw is not None:
-                    cw.dispatch()
+                events = await loop.run_in_executor(None, self._work, self._admissions())
+                self._deliver(events)
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
         except BaseException as e:  # noqa: BLE001 -- fail every stream, keep the message
-            self._error = e
-            for r in list(self._by_id.values()):
-                r.queue.put_nowait(RuntimeError(f"native engine step failed: {e!r}"))
-                self._finish(r)
+            self._fail_all(e)
             raise
+
+    async def _scheduler_thread(self) -> None:
+        """The loop on a thread of its own (``loop_thread``); this task lives as long as it and
+        fails every stream if it fails."""
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future = loop.create_future()
+
+        def post(fn, *args) -> bool:
+            try:
+                loop.call_soon_threadsafe(fn, *args)
+                return True
+            except RuntimeError:  # the event loop is closed: nobody is left to tell
+                return False
+
+        def end(err) -> None:
+            if not ended.done():
+                ended.set_result(err)
+
+        def main() -> None:
+            err = None
+            try:
+                if self.model.device.type == "cuda":  # a new thread starts on the default device
+                    torch.cuda.set_device(self.model.device)
+                while not self._closed:
+                    self._twake.clear()  # before the check: a wake() after it is not lost
+                    if self._idle():
+                        self._twake.wait(timeout=1.0)
+                        continue
+                    events = self._work(self._admissions())
+                    if not post(self._deliver, events):
+                        return
+            except BaseException as e:  # noqa: BLE001 -- reported to the task
+                err = e
+            post(end, err)
+
+        # The two threads take turns at the GIL: when the loop thread wakes from a GPU wait while
+        # the event loop runs Python, it waits for the interpreter's switch interval (5 ms by
+        # default) before it can launch the next step; a shorter one bounds that wait.
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._thread = threading.Thread(target=main, name="native-engine-loop", daemon=True)
+        self._thread.start()
+        try:
+            err = await ended
+        except asyncio.CancelledError:
+            self._closed = True
+            self._twake.set()
+            raise
+        if err is not None:
+            self._fail_all(err)
+            raise err

@@ -77,6 +77,7 @@ async def make_engine(cfg: TalkerModelConfig):
             compile=cfg.native_compile and cfg.device.startswith("cuda"),
             kernels=native_kernels(cfg),
             overlap_steps=cfg.native_overlap,
+            loop_thread=cfg.native_loop_thread,
             prefill_kernel_rows=cfg.native_prefill_kernel_rows,
             **extra,
         ),

@@ -247,7 +247,9 @@ class FusedPipeline:
 
     # -- co-worker: event loop side ----------------------------------------------------------
     def has_work(self) -> bool:
-        return bool(self._cmds or self._out) or any(
+        """Work for the loop's iterations: commands to apply, frames to decode, streams to end.
+        (Results in ``_out`` are not: every iteration's ``dispatch`` hands them out.)"""
+        return bool(self._cmds) or any(
             not s.ended and (s.state.pending > 0 or s.state.talker_done) for s in self._streams.values()
         )
 
