@@ -756,8 +756,9 @@ class NativeEngine:
         def main() -> None:
             err = None
             try:
-                if self.model.device.type == "cuda":  # a new thread starts on the default device
-                    torch.cuda.set_device(self.model.device)
+                dev = self.model.device
+                if dev.type == "cuda" and dev.index is not None:  # a new thread starts on the default device
+                    torch.cuda.set_device(dev)
                 while not self._closed:
                     self._twake.clear()  # before the check: a wake() after it is not lost
                     if self._idle():
