@@ -289,6 +289,32 @@ def test_frames_go_only_to_a_cowork_that_takes_them(tiny_checkpoint, loop):
         eng.shutdown()
 
 
+@pytest.mark.parametrize("loop_thread", [False, True], ids=["executor", "loop_thread"])
+def test_a_failing_dispatch_fails_the_streams_instead_of_hanging(tiny_checkpoint, loop, loop_thread):
+    """A co-worker whose ``dispatch`` (event loop, after an iteration) raises: every stream ends
+    with the error, none waits for events that were never handed over, in either place the
+    engine's loop runs."""
+
+    class Broken(_Cowork):
+        def dispatch(self):
+            raise RuntimeError("injected dispatch failure")
+
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(loop_thread=loop_thread)))
+    try:
+        eng.cowork = Broken()
+
+        async def run():
+            reqs = [_req(f"d{i}", eng.hidden, 20, seed=i) for i in range(2)]
+            return await asyncio.wait_for(
+                asyncio.gather(*(_frames(eng, r) for r in reqs), return_exceptions=True), timeout=30
+            )
+
+        outs = loop.run_until_complete(run())
+        assert all(isinstance(o, RuntimeError) and "injected dispatch failure" in str(o) for o in outs), outs
+    finally:
+        eng.shutdown()
+
+
 @pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "read_each_step"])
 def test_unread_rows_name_the_frames_the_next_read_delivers(tiny_checkpoint, loop, overlap):
     """``unread_rows()`` at ``run``: each request's row of the unread step, whose ``model.out``

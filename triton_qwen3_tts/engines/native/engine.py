@@ -753,6 +753,14 @@ class NativeEngine:
             if not ended.done():
                 ended.set_result(err)
 
+        def deliver(events) -> None:
+            try:
+                self._deliver(events)
+            except BaseException as e:  # noqa: BLE001 -- a stream left without its events would hang
+                self._closed = True
+                self._twake.set()
+                end(e)
+
         def main() -> None:
             err = None
             try:
@@ -765,7 +773,7 @@ class NativeEngine:
                         self._twake.wait(timeout=1.0)
                         continue
                     events = self._work(self._admissions())
-                    if not post(self._deliver, events):
+                    if not post(deliver, events):
                         return
             except BaseException as e:  # noqa: BLE001 -- reported to the task
                 err = e
