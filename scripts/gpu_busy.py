@@ -1,0 +1,117 @@
+#!/usr/bin/env python
+"""How busy the GPU was between the fused pipeline's periodic stats lines of a server log.
+
+The tts model logs the fused pipeline's stats every 30 s (``tts fused pipeline gpu N: {...}``,
+``serving/tts/triton.py``), with the engine's loop iterations (``steps``: one decode step an
+iteration under load) and the device time of every kind of launch (``gpu_ms``: CUDA event pairs,
+``engines/native/gputime.py``). Two consecutive lines give, for the interval between them:
+
+- ``busy``: device time over wall time. Near 100 % the GPU, not the loop's host work, bounds the
+  service: only less GPU time per request raises its capacity;
+- ``ms/iter`` and ``gpu ms/iter``: wall and device time per loop iteration (their difference is
+  the host time the overlap did not hide), and the device time per iteration split into decode
+  steps, codec calls and prefills;
+- ``prefills``: prefill launches, and the iterations per second.
+
+    python scripts/gpu_busy.py docs/bench/run34/b/server.log.gz [--gpu 0]
+
+A ``.gz`` log is read as is. Counters are cumulative over the server's life, so the first line's
+interval (from the start) is not printed: only differences of two lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+from dataclasses import dataclass
+from typing import Dict, Iterable, List
+
+_LINE = re.compile(r"(\d\d):(\d\d):(\d\d(?:\.\d+)?)\s.*tts fused pipeline gpu (\d+): (\{.*\})")
+
+
+@dataclass
+class Stats:
+    t: float  # seconds since midnight (the log's clock)
+    steps: int
+    ms: Dict[str, float]  # device ms per kind of launch
+    calls: Dict[str, int]
+
+
+def parse(lines: Iterable[str], gpu: int = 0) -> List[Stats]:
+    """The stats lines of ``gpu``, in order. Triton's log escapes the JSON's quotes."""
+    out = []
+    for line in lines:
+        m = _LINE.search(line)
+        if not m or int(m.group(4)) != gpu:
+            continue
+        d = json.loads(m.group(5).replace('\\"', '"'))
+        g = d.get("gpu_ms", {})
+        out.append(
+            Stats(
+                t=int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3)),
+                steps=int(d.get("steps", 0)),
+                ms={k: float(v["ms"]) for k, v in g.items()},
+                calls={k: int(v["calls"]) for k, v in g.items()},
+            )
+        )
+    return out
+
+
+def _group(kind: str) -> str:
+    return "step" if kind.startswith("step") else "codec" if kind.startswith("codec") else kind
+
+
+def intervals(stats: List[Stats]) -> List[dict]:
+    """Figures of each interval between two consecutive stats lines (module docstring)."""
+    rows = []
+    for a, b in zip(stats, stats[1:]):
+        dt = (b.t - a.t) % 86400  # a log that runs past midnight
+        iters = b.steps - a.steps
+        by: Dict[str, float] = {}
+        for k, v in b.ms.items():
+            by[_group(k)] = by.get(_group(k), 0.0) + v - a.ms.get(k, 0.0)
+        gpu_s = sum(by.values()) / 1000
+        rows.append(
+            {
+                "seconds": dt,
+                "busy_pct": 100 * gpu_s / dt if dt else float("nan"),
+                "iterations": iters,
+                "iter_per_s": iters / dt if dt else float("nan"),
+                "ms_per_iter": 1000 * dt / iters if iters else float("nan"),
+                "gpu_ms_per_iter": {k: v / iters for k, v in sorted(by.items())} if iters else {},
+                "prefills": b.calls.get("prefill", 0) - a.calls.get("prefill", 0),
+            }
+        )
+    return rows
+
+
+def _open(path: str):
+    return gzip.open(path, "rt", errors="replace") if path.endswith(".gz") else open(path, errors="replace")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("log", help="a tritonserver log (plain or .gz) of a fused-pipeline server")
+    ap.add_argument("--gpu", type=int, default=0, help="whose stats lines (one per GPU)")
+    args = ap.parse_args(argv)
+    with _open(args.log) as f:
+        stats = parse(f, args.gpu)
+    if len(stats) < 2:
+        print(f"{args.log}: {len(stats)} stats line(s) of gpu {args.gpu}; need two (one every 30 s)", file=sys.stderr)
+        return 1
+    print(f"{'seconds':>8} {'busy':>6} {'iter/s':>7} {'ms/iter':>8} {'gpu ms/iter':>12}  split (ms/iter)  prefills")
+    for r in intervals(stats):
+        g = r["gpu_ms_per_iter"]
+        split = " ".join(f"{k} {v:.2f}" for k, v in g.items())
+        print(
+            f"{r['seconds']:8.1f} {r['busy_pct']:5.0f}% {r['iter_per_s']:7.1f} {r['ms_per_iter']:8.2f} "
+            f"{sum(g.values()):12.2f}  {split}  {r['prefills']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""scripts/gpu_busy.py: the GPU's busy share between the fused pipeline's stats lines."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import gpu_busy  # noqa: E402
+
+
+def _line(clock, gpu, steps, step_ms, codec_ms, prefill_ms, prefills):
+    stats = {
+        "active": 3,
+        "steps": steps,
+        "gpu_ms": {
+            "step_b32": {"ms": step_ms, "calls": steps, "mean_ms": 5.0},
+            "codec_first": {"ms": codec_ms, "calls": 7, "mean_ms": 2.0},
+            "prefill": {"ms": prefill_ms, "calls": prefills, "mean_ms": 3.7},
+        },
+    }
+    # as tritonserver writes it: the message quoted, the JSON's quotes escaped
+    text = json.dumps(stats).replace('"', '\\"')
+    return f'I1128 {clock} 631 triton.py:411] "tts fused pipeline gpu {gpu}: {text}"\n'
+
+
+LOG = [
+    "I1128 04:17:00.000000 1 server.cc:1] started\n",
+    _line("04:17:16.000000", 0, 1000, 5000.0, 2000.0, 1000.0, 100),
+    _line("04:17:16.500000", 1, 50, 10.0, 0.0, 0.0, 1),  # another GPU's line
+    _line("04:17:46.000000", 0, 4000, 20000.0, 8000.0, 4000.0, 1000),
+    _line("04:18:16.000000", 0, 4000, 20000.0, 8000.0, 4000.0, 1000),  # idle interval
+]
+
+
+def test_intervals_are_differences_of_consecutive_lines():
+    stats = gpu_busy.parse(LOG, gpu=0)
+    assert [s.steps for s in stats] == [1000, 4000, 4000]
+    busy, idle = gpu_busy.intervals(stats)
+    assert busy["seconds"] == pytest.approx(30.0)
+    # (15 + 6 + 3) s of device time in 30 s
+    assert busy["busy_pct"] == pytest.approx(80.0)
+    assert busy["iterations"] == 3000 and busy["ms_per_iter"] == pytest.approx(10.0)
+    assert busy["gpu_ms_per_iter"] == pytest.approx({"codec": 2.0, "prefill": 1.0, "step": 5.0})
+    assert busy["prefills"] == 900
+    assert idle["busy_pct"] == 0.0 and idle["iterations"] == 0 and idle["gpu_ms_per_iter"] == {}
+
+
+def test_other_gpus_lines_are_their_own():
+    only = gpu_busy.parse(LOG, gpu=1)
+    assert len(only) == 1 and only[0].steps == 50
+
+
+def test_command_reads_a_gzipped_log_and_refuses_one_line(tmp_path):
+    log = tmp_path / "server.log.gz"
+    with gzip.open(log, "wt") as f:
+        f.writelines(LOG)
+    script = os.path.join(ROOT, "scripts", "gpu_busy.py")
+    out = subprocess.run([sys.executable, script, str(log)], capture_output=True, text=True, check=True).stdout
+    rows = [ln for ln in out.splitlines()[1:] if ln.strip()]
+    assert len(rows) == 2 and "80%" in rows[0] and "step 5.00" in rows[0]
+    one = tmp_path / "one.log"
+    one.write_text("".join(LOG[:2]))
+    r = subprocess.run([sys.executable, script, str(one)], capture_output=True, text=True)
+    assert r.returncode == 1 and "need two" in r.stderr
