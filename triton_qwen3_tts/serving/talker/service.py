@@ -336,8 +336,9 @@ async def relay(loop: "asyncio.AbstractEventLoop", make) -> AsyncIterator[Any]:
 class DeviceLoop:
     """An event loop on a thread of its own for one device's engine (``gpus`` > 1, pipeline
     fused). On CUDA its thread and every thread of its default executor (where the native engine
-    loads, captures its graphs and runs its steps: ``run_in_executor(None, ...)``) make ``device``
-    their current device, so one process drives several GPUs, each engine on its own."""
+    loads and captures its graphs, and runs its steps without ``native_loop_thread``:
+    ``run_in_executor(None, ...)``) make ``device`` their current device, as the engine's own loop
+    thread does, so one process drives several GPUs, each engine on its own."""
 
     def __init__(self, device: str, name: str = "engine"):
         from concurrent.futures import ThreadPoolExecutor
