@@ -26,12 +26,15 @@ line of ``tools/bench_service.py``.
 Costs, by default (``--costs run33``, :data:`H100_RUN33`), are the GPU time of each launch as
 run 33 measured it through the server (the engine's ``gpu_ms``: CUDA event pairs around every
 decode step, prefill and codec call; H100 80GB HBM3, 1.7B random real-size weights, bf16, 128
-slots, the loop overlapped with the GPU), plus 1 ms of host time an iteration fitted to run 33a's
-open loop of 4-s clips: TTFA p95 71 / 99 / 160 ms at 50 / 60 / 70 req/s against 62-71 / 101 /
-201-330 measured (33a-33c), the median 8-12 ms high, fewer underruns than measured at 60 (0.7
-against 2.2-2.4 %). Its lesson: near capacity the GPU is saturated (steps, a 3.7-ms prefill per
-request, a codec call of at least 2.1 ms), and the time to first audio grows with every launch
-between a request's arrival and its first chunk.
+slots, the loop overlapped with the GPU: an iteration that runs a codec call launches a decode
+step too), plus 0.5 ms of host time an iteration fitted to run 34b's GPU busy share (93-96 % at
+50 req/s, 104-109 iterations a second; ``scripts/gpu_busy.py``). With it the model's open loop
+of 4-s clips (four seeds) gives TTFA p95 88 / 157 / 203 ms at 50 / 60 / 70 req/s against 62-112
+/ 101-301 / 240-330 measured (runs 33-34, 12-s levels and a 2-minute soak), and 95 % busy; its
+underruns run higher than measured (1-8 % against 0-4 %). Its
+lesson: near capacity the GPU is saturated, and of the changes it can try only a faster decode
+step passes 60 req/s (the code predictor's 3.6 ms halved: p95 79 ms); hiding host time, a
+1.5-ms prefill or a 1-ms codec floor alone do not (docs/benchmark-history.md, run 34).
 
 The older costs (``--costs run29``, :data:`H100`) are run 29's, H100 80GB HBM3, 1.7B random real-size weights, bf16:
 the frame step with the Triton kernels (29b, context 300), the codec's slots with plain CUDA
@@ -109,6 +112,9 @@ class Costs:
     prompt_ms: float = 0.0
     prompt_blocking: bool = False
     prompt_threads: int = 2
+    # the overlapped loop (``native_overlap``, run 32 on): an iteration that runs a codec call
+    # also launches a decode step behind it; without it, a codec call takes the step's place
+    overlap: bool = False
 
     def step(self, rows: int) -> float:
         return self.step_ms[_bucket(sorted(self.step_ms), rows)]
@@ -152,17 +158,20 @@ CODEC_FLOOR_MS = 2.1
 # 33b-33d (5.37 / 5.63 / 5.28-5.39 / 6.57 ms at 1 / 8 / 32 / 64 rows; 128 rows not timed, 8.0
 # assumed), the one-prompt prefill 3.67-3.71 ms (its rows' share kept from run 2), the compiled
 # codec's calls (_codec_table_run33); the prompt built beside the loop (1.5 ms, run 30's GPU
-# projection with tokenizing). Fitted, not measured: the loop's host time the overlap does not
-# hide, 1 ms an iteration (the TTFA p95 of 33a at 50 and 60 req/s), and the audio's way in and
-# out (its median)
+# projection with tokenizing); the overlapped loop (a decode step in every iteration). Fitted,
+# not measured: the loop's host time the overlap does not hide, 0.5 ms an iteration (run 34b's
+# server: the GPU busy 93-96 % of the time at 50 req/s, 104-109 iterations a second, 8.8-8.9 ms
+# of device time in 9.1-9.6 ms each; the model then gives 95 % and 103), and the audio's way in
+# and out (its median)
 H100_RUN33 = Costs(
     step_ms={1: 5.37, 8: 5.63, 32: 5.33, 64: 6.57, 128: 8.0},
     codec_ms=_codec_table_run33(),
     prefill_ms=3.7 - 0.0064 * 30,
-    iter_ms=1.0,
+    iter_ms=0.5,
     in_ms=12.0,
     out_ms=8.0,
     prompt_ms=1.5,
+    overlap=True,
 )
 
 
@@ -222,7 +231,8 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
     active: List[_Req] = []
     live: Dict[int, _Req] = {}  # admitted, audio not all out
     calls = rows_total = 0
-    codec_s = step_s = 0.0
+    codec_s = step_s = prefill_s = 0.0
+    iterations = 0
     while True:
         while arrivals and arrivals[0][0] <= now:
             t_arr, rid = heapq.heappop(arrivals)
@@ -246,7 +256,9 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
         while waiting and len(live) + len(admits) < max_num_seqs:
             admits.append(waiting.popleft())
         if admits:
-            now += (costs.prefill_ms + costs.prefill_ms_per_row * sum(r.prompt_rows for r in admits)) / 1000
+            cost = (costs.prefill_ms + costs.prefill_ms_per_row * sum(r.prompt_rows for r in admits)) / 1000
+            now += cost
+            prefill_s += cost
             for r in admits:
                 active.append(r)
                 live[r.rid] = r
@@ -274,7 +286,7 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
                     del live[sid]
                     if load.streams and r.t_end < end_time:
                         send(r.t_end)
-        elif active:
+        if active and (batch is None or costs.overlap):
             cost = costs.step(len(active)) / 1000
             now += cost
             step_s += cost
@@ -285,6 +297,7 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
                     r.state.talker_done = True
                     active.remove(r)
         now += costs.iter_ms / 1000
+        iterations += 1
     done = [r for r in reqs.values() if load.warmup <= r.t_send < end_time and r.t_end is not None]
     recs = [
         RequestRecord(
@@ -305,6 +318,10 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
     agg["codec_rows_per_call"] = rows_total / calls if calls else 0.0
     agg["gpu_busy_codec_s"] = codec_s
     agg["gpu_busy_step_s"] = step_s
+    agg["gpu_busy_prefill_s"] = prefill_s
+    # the share of the run the modelled GPU computes (scripts/gpu_busy.py measures it on a server)
+    agg["gpu_busy_pct"] = 100 * (codec_s + step_s + prefill_s) / now if now else 0.0
+    agg["iterations"] = iterations
     agg["sim_seconds"] = now
     return agg
 
@@ -323,11 +340,15 @@ def _row(name: str, agg: dict) -> str:
     ms = lambda v: f"{v * 1000:6.0f}" if v is not None else "     -"  # noqa: E731
     return (
         f"{name:<28} {agg['level']:>6} {agg['audio_s_per_s']:8.1f} {ms(t['p50'])} {ms(t['p95'])} {ms(t['p99'])} "
-        f"{underrun_pct(agg) or 0.0:7.1f}% {agg['codec_calls']:6d} {agg['codec_rows_per_call']:6.1f}"
+        f"{underrun_pct(agg) or 0.0:7.1f}% {agg['codec_calls']:6d} {agg['codec_rows_per_call']:6.1f} "
+        f"{agg['gpu_busy_pct']:5.0f}%"
     )
 
 
-HEADER = f"{'case':<28} {'level':>6} {'audio/s':>8} {'p50':>6} {'p95':>6} {'p99':>6} {'underrun':>8} {'calls':>6} {'rows':>6}"
+HEADER = (
+    f"{'case':<28} {'level':>6} {'audio/s':>8} {'p50':>6} {'p95':>6} {'p99':>6} {'underrun':>8} {'calls':>6} "
+    f"{'rows':>6} {'busy':>6}"
+)
 
 # runs 29a (codec plain graphs) and 29c (codec compiled), H100, through the server: what
 # --calibrate prints beside the model's figures (audio-s/s, TTFA p50 / p95 ms, underrun %)
@@ -342,10 +363,10 @@ MEASURED = {
     ("compiled", "open", 20): "72.6, 53 / 80, 0.0 % (29c)",
     ("compiled", "open", 30): "114.1, 63 / 227, 0.8 % (29c)",
     ("compiled", "open", 40): "145.0, 158 / 513, 0.0 % (29c)",
-    # run 33a (main c9ecabd, 128 slots), what the run33 table was fitted to; printed beside it
-    ("run33", "open", 50): "188.7, 44 / 62, 0.2 % (33a)",
-    ("run33", "open", 60): "232.3, 51 / 101, 2.4 % (33a)",
-    ("run33", "open", 70): "267.4, 60 / 245, 1.0 % (33a; 33c: 69 / 330, 5.3 %)",
+    # runs 33a (main c9ecabd, 128 slots) and 34, what the run33 table is compared with; printed beside it
+    ("run33", "open", 50): "188.7, 44 / 62, 0.2 % (33a; 34d: 47 / 70, 0.0 %; 2-min soak 34b: 46 / 112, 0.4 %)",
+    ("run33", "open", 60): "232.3, 51 / 101, 2.4 % (33a; 34a: 49 / 227, 0.0 %; 34d: 55 / 205, 0.0 %)",
+    ("run33", "open", 70): "267.4, 60 / 245, 1.0 % (33a; 33c: 69 / 330, 5.3 %; 34d: 64 / 318, 0.2 %)",
 }
 
 
