@@ -5,6 +5,7 @@ cancel and abort free the talker slot and the codec state; a request the engine 
 alone. The policy itself: tests/test_deadline.py; through tritonserver: test_system_fused.py."""
 
 import asyncio
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -285,6 +286,45 @@ def test_frames_go_only_to_a_cowork_that_takes_them(tiny_checkpoint, loop):
         got = loop.run_until_complete(_frames(eng, req))
         assert got.shape == (0, 16)
         assert len(taker.frames) == 5 and all(f.shape == (1, 16) for f in taker.frames)
+    finally:
+        eng.shutdown()
+
+
+def test_a_request_whose_first_token_is_eos_ends_without_audio(tiny_checkpoint, loop, decoder):
+    """A request that may end on its first token (``min_new_tokens`` 0, EOS not suppressed) and
+    does: the engine reports its end in the iteration that admits it, before the pipeline's
+    ``run`` has opened its stream; it must still end (no audio), not wait for ever, and leave no
+    codec state behind."""
+    p = _pipe(tiny_checkpoint, loop, decoder)
+    try:
+        eng = p.engine
+        eng._first_tokens_eos = lambda a, P: [True] * P  # the admission's read finds EOS
+        req = replace(_req("eos0", eng.hidden, 20, seed=4), suppress_eos=False, min_new_tokens=0)
+        chunks = loop.run_until_complete(asyncio.wait_for(_audio(p, req), timeout=20))
+        assert chunks == []
+        _settle(p, loop)
+        assert p.pool.live == 0 and eng.stats()["tracked"] == 0
+    finally:
+        p.shutdown()
+
+
+@pytest.mark.parametrize("loop_thread", [False, True], ids=["executor", "loop_thread"])
+def test_engine_stopped_by_its_task_cancel_ends_open_streams(tiny_checkpoint, loop, loop_thread):
+    """Whoever cancels the engine's loop task (an event loop's close cancels every task) ends
+    every open request with an error: no stream and no ``abort`` waits for a loop that is gone."""
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(loop_thread=loop_thread)))
+    try:
+
+        async def run():
+            reqs = [_req(f"c{i}", eng.hidden, 80, seed=i) for i in range(2)]
+            tasks = [asyncio.ensure_future(_frames(eng, r)) for r in reqs]
+            await asyncio.sleep(0.05)
+            eng._task.cancel()
+            return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), timeout=20)
+
+        outs = loop.run_until_complete(run())
+        assert all(isinstance(o, EngineError) and "engine stopped" in str(o) for o in outs), outs
+        assert eng.stats()["tracked"] == 0
     finally:
         eng.shutdown()
 

@@ -83,6 +83,7 @@ Imports neither vLLM nor Triton.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import sys
 import threading
@@ -145,6 +146,7 @@ class _Req:
 
 
 _END = object()
+log = logging.getLogger(__name__)
 
 # the interpreter's GIL switch interval with ``loop_thread`` (seconds; ``_scheduler_thread``)
 SWITCH_INTERVAL_S = 0.0005
@@ -395,10 +397,7 @@ class NativeEngine:
             self._task.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)  # it stops after its iteration in progress
-        for r in list(self._by_id.values()):
-            if not r.done:
-                r.queue.put_nowait(EngineError("engine shut down"))
-                self._finish(r)
+        self._end_open("engine shut down")
         self._task = None
 
     # -- scheduler ---------------------------------------------------------------------------
@@ -710,6 +709,15 @@ class NativeEngine:
         if cw is not None:
             cw.dispatch()
 
+    def _end_open(self, why: str) -> None:
+        """Event loop: the loop stops (its task cancelled, by ``shutdown`` or by whoever cancels
+        the event loop's tasks at its close): every request still open ends with
+        ``EngineError(why)``, so no stream and no ``abort`` waits for a loop that is gone."""
+        for r in list(self._by_id.values()):
+            if not r.done:
+                r.queue.put_nowait(EngineError(why))
+                self._finish(r)
+
     def _fail_all(self, e: BaseException) -> None:
         """Event loop: the loop failed; every stream gets the error and ends."""
         self._error = e
@@ -731,6 +739,7 @@ class NativeEngine:
                 self._deliver(events)
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
+            self._end_open("engine stopped")
             raise
         except BaseException as e:  # noqa: BLE001 -- fail every stream, keep the message
             self._fail_all(e)
@@ -752,6 +761,8 @@ class NativeEngine:
         def end(err) -> None:
             if not ended.done():
                 ended.set_result(err)
+            elif err is not None:  # the task was cancelled first: nobody else will report it
+                log.error("native engine loop failed after it was stopped: %r", err)
 
         def deliver(events) -> None:
             try:
@@ -768,7 +779,9 @@ class NativeEngine:
                 if dev.type == "cuda" and dev.index is not None:  # a new thread starts on the default device
                     torch.cuda.set_device(dev)
                 while not self._closed:
-                    self._twake.clear()  # before the check: a wake() after it is not lost
+                    self._twake.clear()  # before the checks: a wake() after it is not lost
+                    if self._closed:  # shutdown() may have set it (and woken us) just before
+                        break
                     if self._idle():
                         self._twake.wait(timeout=1.0)
                         continue
@@ -791,6 +804,7 @@ class NativeEngine:
         except asyncio.CancelledError:
             self._closed = True
             self._twake.set()
+            self._end_open("engine stopped")
             raise
         if err is not None:
             self._fail_all(err)

@@ -426,6 +426,10 @@ class FusedPipeline:
         self._end_finished()
 
     def on_events(self, events) -> None:
+        # a request admitted in this iteration may already end here (its first token EOS, read
+        # at its admission) before ``run`` has applied its "open": apply the commands first, or
+        # its end would find no stream and the consumer would wait for ever
+        self._apply_commands()
         for rid, frames, finished in events:
             st = self._streams.get(rid)
             if st is None or st.ended:
