@@ -134,13 +134,21 @@ def test_streams_go_to_the_least_loaded_gpu_and_stay_there(server, tiny_checkpoi
     bc = (b.audio.size + c.audio.size) // 1920
 
     def settled():
+        # the engines' counters reach the metrics once a second: the last export may predate C's
+        # last codec call although its client has all its audio
         now = snapshot(server)
-        return delta(now["aborted"], before["aborted"]).get(a_gpu) == 1 and delta(
-            now["started"], before["started"]
-        ) == {a_gpu: 1, o_gpu: 2}
+        return (
+            delta(now["aborted"], before["aborted"]).get(a_gpu) == 1
+            and delta(now["started"], before["started"]) == {a_gpu: 1, o_gpu: 2}
+            and delta(now["codec_frames"], before["codec_frames"]).get(o_gpu, 0) >= bc
+            and delta(now["frames"], before["frames"]).get(o_gpu, 0) >= bc
+        )
 
     wait_for(
-        settled, f"the engines' counts did not reach one stream on GPU {a_gpu} (aborted), two on GPU {o_gpu}", server
+        settled,
+        f"the engines' counts did not reach one stream on GPU {a_gpu} (aborted), two on GPU {o_gpu} with "
+        f"{bc} frames decoded",
+        server,
     )
     after = snapshot(server)
     # each GPU's engine started exactly the streams routed to it, and decoded only their frames:
