@@ -22,9 +22,10 @@ codec state before its first frame; its audio is never sent (as the official wra
 Threads: ``synthesize`` and ``dispatch`` run on the event loop; ``run``, ``finish`` and
 ``on_events`` where the engine's loop runs its iterations (its own thread with
 ``native_loop_thread``, else the event loop's executor), at the same time as the event loop's
-parts; ``has_work`` where it decides to idle (that thread, or the event loop between iterations). The loop side only appends
-commands to ``_cmds`` and the worker side only appends results to ``_out`` (deques: thread-safe
-appends and pops); the stream table belongs to the worker.
+parts; ``has_work`` where the loop decides to idle (that thread, or the event loop between
+iterations). The loop side only appends commands to ``_cmds`` and the worker side only appends
+results to ``_out`` (deques: thread-safe appends and pops); the stream table belongs to the
+worker.
 """
 
 from __future__ import annotations
