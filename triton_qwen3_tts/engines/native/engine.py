@@ -91,7 +91,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import AsyncIterator, Dict, List, Optional, Tuple
+from typing import AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -397,7 +397,7 @@ class NativeEngine:
             self._task.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)  # it stops after its iteration in progress
-        self._end_open("engine shut down")
+        self._end_open(lambda: EngineError("engine shut down"))
         self._task = None
 
     # -- scheduler ---------------------------------------------------------------------------
@@ -709,21 +709,19 @@ class NativeEngine:
         if cw is not None:
             cw.dispatch()
 
-    def _end_open(self, why: str) -> None:
-        """Event loop: the loop stops (its task cancelled, by ``shutdown`` or by whoever cancels
-        the event loop's tasks at its close): every request still open ends with
-        ``EngineError(why)``, so no stream and no ``abort`` waits for a loop that is gone."""
+    def _end_open(self, error: Callable[[], BaseException]) -> None:
+        """Event loop: the loop stops (it failed, or its task was cancelled, by ``shutdown`` or by
+        whoever cancels the event loop's tasks at its close): every request still open ends with
+        an ``error()`` of its own, so no stream and no ``abort`` waits for a loop that is gone."""
         for r in list(self._by_id.values()):
             if not r.done:
-                r.queue.put_nowait(EngineError(why))
+                r.queue.put_nowait(error())
                 self._finish(r)
 
     def _fail_all(self, e: BaseException) -> None:
         """Event loop: the loop failed; every stream gets the error and ends."""
         self._error = e
-        for r in list(self._by_id.values()):
-            r.queue.put_nowait(RuntimeError(f"native engine step failed: {e!r}"))
-            self._finish(r)
+        self._end_open(lambda: RuntimeError(f"native engine step failed: {e!r}"))
 
     async def _scheduler(self) -> None:
         """The loop as an asyncio task: each iteration in the default executor (``loop_thread``
@@ -739,7 +737,7 @@ class NativeEngine:
                 self._deliver(events)
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
-            self._end_open("engine stopped")
+            self._end_open(lambda: EngineError("engine stopped"))
             raise
         except BaseException as e:  # noqa: BLE001 -- fail every stream, keep the message
             self._fail_all(e)
@@ -804,7 +802,7 @@ class NativeEngine:
         except asyncio.CancelledError:
             self._closed = True
             self._twake.set()
-            self._end_open("engine stopped")
+            self._end_open(lambda: EngineError("engine stopped"))
             raise
         if err is not None:
             self._fail_all(err)
