@@ -65,6 +65,7 @@ def main(argv=None) -> int:
         print("error: this probe needs a CUDA GPU", file=sys.stderr)
         return 2
     from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig
+    from triton_qwen3_tts.engines.native.graphs import _Graphs
     from triton_qwen3_tts.model import presets
     from triton_qwen3_tts.model.codec import CodecDecoder, init_random_codec_weights
     from triton_qwen3_tts.model.config import CodecDecoderConfig
@@ -90,24 +91,12 @@ def main(argv=None) -> int:
     eng._load()
     m = eng.model
     C = min(c for c in cfg.ctx_sizes() if c >= args.ctx + 2)
+    # the engine's own capture (warm-up on a side stream, one memory pool, largest first); every
+    # replay steps from the same context. It resets the slot tables afterwards: fill them then.
+    graphs = _Graphs(m)
+    graphs.capture(lambda B: (m.pos.fill_(args.ctx), m.step(B, C, False)), [(B,) for B in set(args.batch)])
     bench_model.fill_random_state(m, args.ctx, 1.0, torch.Generator(device="cpu").manual_seed(0))
-    steps = {}
-    pool = None
-    for B in sorted(set(args.batch), reverse=True):
-        with torch.inference_mode():
-            s = torch.cuda.Stream(device=dev)
-            s.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(s):
-                for _ in range(3):
-                    m.pos.fill_(args.ctx)
-                    m.step(B, C, False)
-            torch.cuda.current_stream(dev).wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                m.pos.fill_(args.ctx)  # in the graph: every replay steps from the same context
-                m.step(B, C, False)
-            pool = g.pool()
-        steps[B] = g
+    steps = {B: graphs.graphs[(B,)] for B in sorted(set(args.batch), reverse=True)}
     print(f"talker graphs ready in {time.perf_counter() - t0:.1f} s (compile {args.compile}, kernels {args.kernels})")
 
     t0 = time.perf_counter()
