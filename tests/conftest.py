@@ -82,6 +82,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_RESOLVE_TESTS = {"test_cu13_resolves": "cu13", "test_stub_step_resolves": "stub", "test_cu12_resolves": "cu12"}
+
+
+def pytest_collection_finish(session):
+    """Start the selected requirement resolutions of tests/test_docker_requirements.py in the
+    background now: they wait on PyPI for minutes, and the rest of the suite runs meanwhile."""
+    if session.config.option.collectonly:
+        return
+    picked = [
+        item
+        for item in session.items
+        if item.name in _RESOLVE_TESTS and item.module.__name__.endswith("test_docker_requirements")
+    ]
+    if picked:
+        picked[0].module.start_resolutions(tuple(_RESOLVE_TESTS[item.name] for item in picked))
+
+
 def _fingerprint(preset: str, seed: int) -> str:
     from triton_qwen3_tts.model import presets
 

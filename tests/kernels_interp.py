@@ -1,8 +1,9 @@
 """The code predictor's Triton kernels against the torch path, in Triton's interpreter on the CPU.
 
-Run by tests/test_kernels.py in a subprocess: ``TRITON_INTERPRET`` must be set before
+Run by tests/test_kernels.py in subprocesses: ``TRITON_INTERPRET`` must be set before
 ``triton`` is imported, which the pytest process may already have done (vLLM imports it).
-Prints one JSON object of measured differences; the test holds the bounds.
+``python tests/kernels_interp.py [check_name ...]`` runs the named checks (all without any) and
+prints one JSON object of measured differences; the test holds the bounds.
 """
 
 from __future__ import annotations
@@ -338,16 +339,28 @@ def check_bench_parity(out: dict) -> None:
     out["bench_parity_codes"] = res["greedy"]["codes"]
 
 
-def main() -> int:
+CHECKS = {
+    f.__name__: f
+    for f in (
+        check_linear,
+        check_attention,
+        check_decode_attention,
+        check_code_predictor,
+        check_talker,
+        check_prefill,
+        check_engine_frames,
+        check_bench_parity,
+    )
+}
+
+
+def main(argv=None) -> int:
+    """Runs the checks named on the command line (all without any); prints their results as
+    one JSON object."""
+    names = list(sys.argv[1:] if argv is None else argv) or list(CHECKS)
     out: dict = {}
-    check_linear(out)
-    check_attention(out)
-    check_decode_attention(out)
-    check_code_predictor(out)
-    check_talker(out)
-    check_prefill(out)
-    check_engine_frames(out)
-    check_bench_parity(out)
+    for name in names:
+        CHECKS[name](out)
     print(json.dumps(out))
     return 0
 

@@ -19,6 +19,8 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+import threading
 import urllib.request
 from pathlib import Path
 
@@ -112,6 +114,76 @@ def test_pins_static():
 
 
 # ---- resolution (network) -------------------------------------------------------------------------
+#
+# The resolutions wait on PyPI most of their time (about 2.5 min together on the CI machine), so
+# tests/conftest.py starts them in background threads as soon as the tests are collected, and the
+# tests below wait for their results; the rest of the suite runs meanwhile.
+
+
+class _Resolution(threading.Thread):
+    """One requirements file's dry run in a thread of its own; :meth:`result` waits for it and
+    returns :func:`dry_run`'s packages (or raises its failure)."""
+
+    def __init__(self, name: str, plan):
+        super().__init__(name=f"resolve-{name}", daemon=True)
+        self.key, self.plan = name, plan
+        self.packages = self.error = self.note = None
+
+    def run(self):
+        try:
+            work = Path(tempfile.mkdtemp(prefix=f"resolve-{self.key}-"))
+            req_file, self.note = self.plan(work)
+            self.packages = dry_run(req_file, work, self.key)
+        except BaseException as e:  # noqa: BLE001 (handed to the test's thread)
+            self.error = e
+
+    def result(self, timeout: float = 1200):
+        self.join(timeout)
+        assert not self.is_alive(), f"the {self.key} resolution did not end within {timeout:.0f} s"
+        if self.error is not None:
+            raise self.error
+        return self.packages
+
+
+def _cu12_plan(work: Path):
+    """The cu12 file, or where its route (vLLM's GitHub release asset + PyTorch's cu129 index) is
+    unreachable, the rest of it; the note says which route was not verified."""
+    down = [h for h in CU12_ROUTE if not _reachable(h)]
+    if not down:
+        return CU12, None
+    rest = work / "docker-cu12-pypi.txt"
+    rest.write_text(
+        "\n".join(
+            ln
+            for ln in CU12.read_text().splitlines()
+            if "cu12-route" not in ln and not ln.startswith("--extra-index-url")
+        )
+        + "\n"
+    )
+    return rest, f"cu12 vLLM/torch route not verified: {', '.join(down)} unreachable; the rest resolves"
+
+
+_PLANS = {"cu13": lambda work: (CU13, None), "stub": lambda work: (STUB, None), "cu12": _cu12_plan}
+_RESOLUTIONS: dict = {}
+_LOCK = threading.Lock()
+
+
+def start_resolutions(names=tuple(_PLANS)) -> None:
+    """Start the named resolutions (idempotent); a no-op where PyPI is unreachable."""
+    with _LOCK:
+        todo = [n for n in names if n not in _RESOLUTIONS]
+        if not todo or not _reachable("pypi.org"):
+            return
+        for n in todo:
+            _RESOLUTIONS[n] = _Resolution(n, _PLANS[n])
+            _RESOLUTIONS[n].start()
+
+
+def resolved(name: str):
+    """(packages, note) of one resolution, started here if conftest did not."""
+    start_resolutions((name,))
+    r = _RESOLUTIONS[name]
+    return r.result(), r.note
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +192,8 @@ def pypi():
         pytest.skip("PyPI is unreachable")
 
 
-def test_cu13_resolves(pypi, tmp_path):
-    pkgs = dry_run(CU13, tmp_path, "cu13")
+def test_cu13_resolves(pypi):
+    pkgs, _ = resolved("cu13")
     assert _version(pkgs, "vllm") == "0.32.0"
     assert _version(pkgs, "torch") == "2.13.0"
     # PyPI's torch 2.13.0 is the CUDA 13 build: it depends on cuda-toolkit 13.x / *-cu13 libraries
@@ -142,34 +214,18 @@ def test_cu13_resolves(pypi, tmp_path):
     assert need_np2 == ["opencv-python-headless"], need_np2
 
 
-def test_stub_step_resolves(pypi, tmp_path):
-    pkgs = dry_run(STUB, tmp_path, "stub")
+def test_stub_step_resolves(pypi):
+    pkgs, _ = resolved("stub")
     assert _version(pkgs, "numpy").startswith("1.")
     assert int(_version(pkgs, "opencv-python-headless").split(".")[0]) == 4
     assert tuple(int(x) for x in _version(pkgs, "opencv-python-headless").split(".")[:2]) < (4, 13)
 
 
-def test_cu12_resolves(pypi, tmp_path):
-    if all(_reachable(h) for h in CU12_ROUTE):
-        pkgs = dry_run(CU12, tmp_path, "cu12")
+def test_cu12_resolves(pypi):
+    pkgs, note = resolved("cu12")
+    if note is None:
         assert _version(pkgs, "vllm").startswith("0.32.0")
         assert _version(pkgs, "torch").startswith("2.13.0+cu12")
         return
-    # The cu12 route (vLLM's GitHub release asset + PyTorch's cu129 index) is unreachable here:
-    # resolve the rest of the file, then report the route as unverified.
-    rest = tmp_path / "docker-cu12-pypi.txt"
-    rest.write_text(
-        "\n".join(
-            ln
-            for ln in CU12.read_text().splitlines()
-            if "cu12-route" not in ln and not ln.startswith("--extra-index-url")
-        )
-        + "\n"
-    )
-    pkgs = dry_run(rest, tmp_path, "cu12-pypi")
     assert "tritonclient" in pkgs
-    pytest.skip(
-        "cu12 vLLM/torch route not verified: "
-        + ", ".join(h for h in CU12_ROUTE if not _reachable(h))
-        + " unreachable; the rest resolves"
-    )
+    pytest.skip(note)

@@ -24,19 +24,47 @@ ROOT = Path(__file__).resolve().parents[1]
 needs_triton = pytest.mark.skipif(nk.triton is None, reason="the 'triton' package is not installed")
 
 
+# The interpreter's checks in two processes side by side (each about 2.5 min on the 2-core CI
+# machine, about 5 in one): the whole engine's run, and the rest.
+INTERP_GROUPS = (
+    ("check_engine_frames",),
+    (
+        "check_linear",
+        "check_attention",
+        "check_decode_attention",
+        "check_code_predictor",
+        "check_talker",
+        "check_prefill",
+        "check_bench_parity",
+    ),
+)
+
+
 @pytest.fixture(scope="module")
-def interp():
+def interp(tmp_path_factory):
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    p = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "kernels_interp.py")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        cwd=ROOT,
-    )
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    logs = tmp_path_factory.mktemp("kernels_interp")
+    procs = []
+    for i, names in enumerate(INTERP_GROUPS):
+        out, err = open(logs / f"{i}.out", "w+"), open(logs / f"{i}.err", "w+")
+        cmd = [sys.executable, str(ROOT / "tests" / "kernels_interp.py"), *names]
+        procs.append((subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env, cwd=ROOT), out, err))
+    result = {}
+    try:
+        for p, out, err in procs:
+            rc = p.wait(timeout=600)
+            out.seek(0)
+            err.seek(0)
+            assert rc == 0, err.read()[-3000:]
+            result.update(json.loads(out.read().strip().splitlines()[-1]))
+    finally:
+        for p, out, err in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            out.close()
+            err.close()
+    return result
 
 
 @needs_triton
