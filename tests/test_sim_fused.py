@@ -88,3 +88,13 @@ def test_run33_costs_are_the_default(capsys):
     # full one its compiled time
     assert sf.H100_RUN33.codec(1, 2) == sf.CODEC_FLOOR_MS > sf._codec_table(True)[1, 2]
     assert sf.H100_RUN33.codec(32, 25) == pytest.approx(sf._codec_table(True)[32, 25])
+
+
+def test_several_seeds_print_a_summary_of_each_rate(capsys):
+    assert sf.main(["--streams", "--rates", "5", "--seeds", "2", "--duration", "2"]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "seeds:" in ln]
+    assert len(lines) == 1 and lines[0].startswith("  5 req/s, 2 seeds: TTFA p95 mean")
+    levels = [
+        {"level": 5, "ttfa": {"p95": p}, "ok": 10, "requests_with_underrun": u} for p, u in ((0.05, 1), (0.07, 0))
+    ]
+    assert sf.summary(levels).endswith("TTFA p95 mean 60 ms (50-70), underrun mean 5.0 %")

@@ -345,6 +345,22 @@ def _row(name: str, agg: dict) -> str:
     )
 
 
+def summary(levels: Sequence[dict]) -> str:
+    """One line over the seeds of one open-loop rate: TTFA p95's mean (range) and the mean
+    underrun share, the figures a screen compares against the capacity line (p95 <= 100 ms,
+    underruns < 1 %)."""
+    from triton_qwen3_tts.tools.bench_service import underrun_pct
+
+    p95 = [a["ttfa"]["p95"] * 1000 for a in levels if a["ttfa"]["p95"] is not None]
+    under = [underrun_pct(a) or 0.0 for a in levels]
+    rng = f"{min(p95):.0f}-{max(p95):.0f}" if p95 else "-"
+    mean = f"{sum(p95) / len(p95):.0f}" if p95 else "-"
+    return (
+        f"  {levels[0]['level']:g} req/s, {len(levels)} seeds: TTFA p95 mean {mean} ms ({rng}), "
+        f"underrun mean {sum(under) / len(under):.1f} %"
+    )
+
+
 HEADER = (
     f"{'case':<28} {'level':>6} {'audio/s':>8} {'p50':>6} {'p95':>6} {'p99':>6} {'underrun':>8} {'calls':>6} "
     f"{'rows':>6} {'busy':>6}"
@@ -433,15 +449,19 @@ def main(argv=None) -> int:
         m = MEASURED.get((table, "closed", c)) if shown else None
         print(line + (f"   measured: {m}" if m else ""))
     for rate in args.rates:
+        level = []
         for seed in range(args.seeds):
             load = Load(
                 frames=args.open_frames, rate=rate, duration=args.duration, seed=seed, prompt_rows=args.prompt_rows
             )
             agg = simulate(policy, costs, load, max_num_seqs=args.max_num_seqs)
-            out.append(agg)
+            level.append(agg)
             line = _row(f"open {table} seed {seed}", agg)
             m = MEASURED.get((table, "open", int(rate))) if shown and seed == 0 else None
             print(line + (f"   measured: {m}" if m else ""))
+        out += level
+        if len(level) > 1:
+            print(summary(level))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2, default=float)
