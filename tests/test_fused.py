@@ -5,6 +5,7 @@ cancel and abort free the talker slot and the codec state; a request the engine 
 alone. The policy itself: tests/test_deadline.py; through tritonserver: test_system_fused.py."""
 
 import asyncio
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -327,6 +328,81 @@ def test_engine_stopped_by_its_task_cancel_ends_open_streams(tiny_checkpoint, lo
         assert eng.stats()["tracked"] == 0
     finally:
         eng.shutdown()
+
+
+@pytest.mark.parametrize("loop_thread", [False, True], ids=["executor", "loop_thread"])
+def test_a_stopped_loop_ends_streams_whose_talker_is_done_but_audio_is_not(tiny_checkpoint, loop, decoder, loop_thread):
+    """A stream whose talker request has ended (all its frames generated) while its last audio
+    still waits for codec calls: when the engine's loop stops then, the stream ends with the
+    engine's error (the engine alone knows no open request of it any more); a later request
+    is refused, not queued for a loop that is gone."""
+    p = _pipe(tiny_checkpoint, loop, decoder, engine_kw=dict(loop_thread=loop_thread))
+    eng = p.engine
+    try:
+        decode = p.run
+        p.run = lambda talker_busy: decode(talker_busy) if p.fused_stats.chunks == 0 else False  # hold the rest
+
+        async def run():
+            got = []
+
+            async def consume():
+                async for a in p.synthesize(_req("tail", eng.hidden, 6, seed=5)):
+                    got.append(a)
+
+            task = asyncio.ensure_future(consume())
+            for _ in range(2000):  # the talker request ends; the stream still holds frames
+                if p.fused_stats.chunks and eng.stats()["tracked"] == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert eng.stats()["tracked"] == 0 and not task.done()
+            eng._task.cancel()
+            out = await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), timeout=20)
+            return got, out[0]
+
+        got, err = loop.run_until_complete(run())
+        assert len(got) == 1 and isinstance(err, EngineError) and "engine stopped" in str(err), (got, err)
+        with pytest.raises(EngineError, match="shut down"):
+            loop.run_until_complete(_audio(p, _req("late", eng.hidden, 4, seed=6)))
+    finally:
+        p.shutdown()
+
+
+@pytest.mark.parametrize("loop_thread", [False, True], ids=["executor", "loop_thread"])
+def test_shutdown_from_another_thread_ends_the_streams_on_the_engines_event_loop(tiny_checkpoint, loop_thread):
+    """As a Triton model's ``finalize`` does: the engine's event loop runs on a thread of its own
+    and ``shutdown`` comes from another. Open requests end with the shutdown's error, delivered
+    on the engine's event loop (asyncio's queues are not thread-safe), and ``shutdown`` returns."""
+    import threading
+
+    lp = asyncio.new_event_loop()
+    t = threading.Thread(target=lp.run_forever, daemon=True)
+    t.start()
+    try:
+        eng = asyncio.run_coroutine_threadsafe(
+            NativeEngine.create(tiny_checkpoint, _cfg(loop_thread=loop_thread)), lp
+        ).result(120)
+        on_loop = []
+
+        async def one():
+            try:
+                return await _frames(eng, _req("x", eng.hidden, 85, seed=1))
+            except BaseException as e:  # noqa: BLE001
+                on_loop.append(asyncio.get_running_loop() is lp)
+                return e
+
+        fut = asyncio.run_coroutine_threadsafe(one(), lp)
+        for _ in range(2000):
+            if eng.steps > 2:
+                break
+            time.sleep(0.01)
+        eng.shutdown()  # from this thread
+        err = fut.result(20)
+        assert isinstance(err, EngineError) and "shut down" in str(err), err
+        assert on_loop == [True] and eng._task is None
+    finally:
+        lp.call_soon_threadsafe(lp.stop)
+        t.join(10)
+        lp.close()
 
 
 @pytest.mark.parametrize("loop_thread", [False, True], ids=["executor", "loop_thread"])

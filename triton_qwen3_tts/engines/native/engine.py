@@ -51,6 +51,9 @@ replay. Greedy requests take the argmax after the same codebook-0 processing as 
   must keep turning for the co-worker's worker-thread work;
 * ``dispatch()`` (event loop, after each iteration): a chance to hand its results to its
   consumers;
+* ``on_stop(error)`` (optional; event loop, once the loop has stopped: failed, cancelled or shut
+  down): end every stream of its own that still waits for the loop with an ``error()`` of its
+  own (the fused pipeline: streams whose talker request is done but whose audio is not all out);
 * ``read_first(request_ids) -> bool`` (optional; worker thread, before ``run``, while a launched
   step is unread): True to have the loop read the steps in flight first, and hand their frames to
   ``on_events``, because those frames complete work that should not queue behind another step
@@ -148,6 +151,15 @@ class _Req:
 _END = object()
 log = logging.getLogger(__name__)
 
+
+def _running_on(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the calling thread is running ``loop``."""
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
 # the interpreter's GIL switch interval with ``loop_thread`` (seconds; ``_scheduler_thread``)
 SWITCH_INTERVAL_S = 0.0005
 
@@ -204,6 +216,7 @@ class NativeEngine:
         # loop_thread: the loop thread sleeps on this when idle; the lock makes abort's check of
         # the waiting queue and its removal one step against the thread's admissions
         self._twake = threading.Event()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None  # the event loop start() ran on
         self._wlock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
         self._closed = False
@@ -293,7 +306,8 @@ class NativeEngine:
             await asyncio.get_running_loop().run_in_executor(None, self._load)
         self._wake = asyncio.Event()
         body = self._scheduler_thread() if self.config.loop_thread else self._scheduler()
-        self._task = asyncio.get_running_loop().create_task(body)
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(body)
 
     # -- requests ----------------------------------------------------------------------------
     @property
@@ -391,12 +405,37 @@ class NativeEngine:
         }
 
     def shutdown(self) -> None:
+        """Stop the loop; every request still open ends with an error. Callable from any thread
+        (a Triton model's ``finalize`` runs on one of Triton's while the engine's event loop runs
+        on its own): the asyncio part then runs on the engine's event loop, as asyncio wants."""
         self._closed = True
         self._twake.set()
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)  # it stops after its iteration in progress
+        loop = self._loop
+        if loop is not None and loop.is_running() and not _running_on(loop):
+            done = threading.Event()
+
+            def stop() -> None:
+                try:
+                    self._stop_task()
+                finally:
+                    done.set()
+
+            try:
+                loop.call_soon_threadsafe(stop)
+            except RuntimeError:  # the event loop closed meanwhile: nothing runs there any more
+                pass
+            else:
+                if done.wait(timeout=10):
+                    return
+                log.warning("native engine: its event loop did not take the shutdown within 10 s")
+        self._stop_task()
+
+    def _stop_task(self) -> None:
+        """Event loop (or no loop running): cancel the loop's task, end the open requests."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
         self._end_open(lambda: EngineError("engine shut down"))
         self._task = None
 
@@ -717,6 +756,9 @@ class NativeEngine:
             if not r.done:
                 r.queue.put_nowait(error())
                 self._finish(r)
+        on_stop = getattr(self.cowork, "on_stop", None)
+        if on_stop is not None:
+            on_stop(error)
 
     def _fail_all(self, e: BaseException) -> None:
         """Event loop: the loop failed; every stream gets the error and ends."""
@@ -737,6 +779,7 @@ class NativeEngine:
                 self._deliver(events)
                 await asyncio.sleep(0)
         except asyncio.CancelledError:
+            self._closed = True  # a later synthesize is refused instead of waiting for no loop
             self._end_open(lambda: EngineError("engine stopped"))
             raise
         except BaseException as e:  # noqa: BLE001 -- fail every stream, keep the message
@@ -788,7 +831,8 @@ class NativeEngine:
                         return
             except BaseException as e:  # noqa: BLE001 -- reported to the task
                 err = e
-            post(end, err)
+            if not post(end, err) and err is not None:  # the event loop is closed
+                log.error("native engine loop failed with its event loop closed: %r", err)
 
         # The two threads take turns at the GIL: when the loop thread wakes from a GPU wait while
         # the event loop runs Python, it waits for the interpreter's switch interval (5 ms by

@@ -264,6 +264,14 @@ class FusedPipeline:
             if q is not None:
                 q.put_nowait(item)
 
+    def on_stop(self, error: Callable[[], BaseException]) -> None:
+        """The engine's loop stopped: every stream still open ends with ``error()`` (its talker
+        request may be done already, its last audio waiting for codec calls that will not run);
+        results the loop handed out before it stopped go first."""
+        self.dispatch()
+        for q in list(self._queues.values()):
+            q.put_nowait(error())
+
     # -- co-worker: worker thread side --------------------------------------------------------
     def _apply_commands(self) -> None:
         while self._cmds:
