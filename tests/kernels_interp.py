@@ -2,8 +2,8 @@
 
 Run by tests/test_kernels.py in subprocesses: ``TRITON_INTERPRET`` must be set before
 ``triton`` is imported, which the pytest process may already have done (vLLM imports it).
-``python tests/kernels_interp.py [check_name ...]`` runs the named checks (all without any) and
-prints one JSON object of measured differences; the test holds the bounds.
+``python tests/kernels_interp.py [check_name ... | --skip check_name ...]`` runs the named checks
+(all without any, all but those after ``--skip``) and prints one JSON object of measured differences; the test holds the bounds.
 """
 
 from __future__ import annotations
@@ -355,9 +355,13 @@ CHECKS = {
 
 
 def main(argv=None) -> int:
-    """Runs the checks named on the command line (all without any); prints their results as
-    one JSON object."""
-    names = list(sys.argv[1:] if argv is None else argv) or list(CHECKS)
+    """Runs the checks named on the command line (all without any; ``--skip NAME ...``: all but
+    those); prints their results as one JSON object."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--skip"]:
+        names = [n for n in CHECKS if n not in args[1:]]
+    else:
+        names = args or list(CHECKS)
     out: dict = {}
     for name in names:
         CHECKS[name](out)

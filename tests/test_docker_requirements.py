@@ -168,11 +168,12 @@ _RESOLUTIONS: dict = {}
 _LOCK = threading.Lock()
 
 
-def start_resolutions(names=tuple(_PLANS)) -> None:
-    """Start the named resolutions (idempotent); a no-op where PyPI is unreachable."""
+def start_resolutions(names=tuple(_PLANS), probe: bool = True) -> None:
+    """Start the named resolutions (idempotent); with ``probe``, a no-op where PyPI is
+    unreachable."""
     with _LOCK:
         todo = [n for n in names if n not in _RESOLUTIONS]
-        if not todo or not _reachable("pypi.org"):
+        if not todo or (probe and not _reachable("pypi.org")):
             return
         for n in todo:
             _RESOLUTIONS[n] = _Resolution(n, _PLANS[n])
@@ -180,8 +181,9 @@ def start_resolutions(names=tuple(_PLANS)) -> None:
 
 
 def resolved(name: str):
-    """(packages, note) of one resolution, started here if conftest did not."""
-    start_resolutions((name,))
+    """(packages, note) of one resolution, started here if conftest did not (the tests' ``pypi``
+    fixture has found PyPI reachable)."""
+    start_resolutions((name,), probe=False)
     r = _RESOLUTIONS[name]
     return r.result(), r.note
 
