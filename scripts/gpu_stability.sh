@@ -46,6 +46,8 @@ start_server() {
   local t0=$SECONDS
   until curl -sf localhost:18000/v2/health/ready > /dev/null; do
     sleep 1; [ $((SECONDS - t0)) -gt 400 ] && { echo "server not ready after 400 s"; grep -E "^E|Error" "$W/server.log" | head; exit 1; }
+    pgrep -f "tritonserver --model-repository=$W/repo" > /dev/null ||
+      { echo "server exited after $((SECONDS - t0)) s"; grep -E "^E|Error" "$W/server.log" | head; exit 1; }
   done
   echo "server ready after $((SECONDS - t0)) s"
   stubs > "$W/stubs_before.txt"; cat "$W/stubs_before.txt"

@@ -9,7 +9,13 @@ import sys
 import pytest
 
 from triton_qwen3_tts.model import presets
-from triton_qwen3_tts.serving.model_config import CodecModelConfig, TalkerModelConfig, TtsModelConfig, instance_count
+from triton_qwen3_tts.serving.model_config import (
+    CodecModelConfig,
+    ModelConfigError,
+    TalkerModelConfig,
+    TtsModelConfig,
+    instance_count,
+)
 from triton_qwen3_tts.serving.repository import RepositoryError, RepositorySettings, build_repository
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -101,6 +107,26 @@ def test_tts_instances(ckpt, tmp_path):
             build_repository(
                 RepositorySettings(checkpoint=ckpt, codec_backend="python", tts_instances=bad), str(tmp_path / "r")
             )
+
+
+def test_the_chunk_schedule_is_checked_when_the_repository_is_built(ckpt, tmp_path):
+    # A ramp entry above chunk_frames used to pass the builder and fail the tts model's load on the
+    # server, after minutes of engine start on a GPU.
+    def build(**kw):
+        return build_repository(RepositorySettings(checkpoint=ckpt, codec_backend="python", **kw), str(tmp_path / "r"))
+
+    with pytest.raises(RepositoryError, match=r"^'chunk_ramp' \(2,4,8,16\) has 16 outside \[1, chunk_frames=12\]"):
+        build(chunk_ramp="2,4,8,16", chunk_frames=12)
+    with pytest.raises(RepositoryError, match=r"^'first_chunk_frames' \(4\) and 'chunk_frames' \(3\)"):
+        build(first_chunk_frames=4, chunk_ramp="2", chunk_frames=3)
+    with pytest.raises(RepositoryError, match="^chunk_ramp must be comma-separated frame counts"):
+        build(chunk_ramp="4,eight")
+    out = build(chunk_ramp="2,4,8", chunk_frames=12)
+    tts = TtsModelConfig.from_parameters(params(open(os.path.join(out, "tts", "config.pbtxt")).read()))
+    assert (tts.chunk_ramp, tts.chunk_frames) == ((2, 4, 8), 12)
+    # the model's own check at load, for a config.pbtxt written by hand
+    with pytest.raises(ModelConfigError, match=r"parameter 'chunk_ramp' \(4,8,16\) has 16 outside"):
+        TtsModelConfig(checkpoint="/x", chunk_ramp=(4, 8, 16), chunk_frames=12)
 
 
 def test_errors(ckpt, tmp_path):

@@ -113,6 +113,25 @@ def _choice(name, value, allowed):
         raise ModelConfigError(f"parameter '{name}' must be one of {', '.join(allowed)}; got {value!r}")
 
 
+def check_chunk_schedule(first_chunk_frames: int, chunk_ramp, chunk_frames: int) -> None:
+    """The chunk sizes of a stream (serving/tts/chunks.py ScheduleConfig): the first chunk, then
+    the ramp, then ``chunk_frames`` for ever; the first and every ramp entry in
+    ``[1, chunk_frames]``. A :class:`ModelConfigError` naming the settings otherwise."""
+    if not 1 <= first_chunk_frames <= chunk_frames:
+        raise ModelConfigError(
+            f"parameters 'first_chunk_frames' ({first_chunk_frames}) and 'chunk_frames' "
+            f"({chunk_frames}) need 1 <= first_chunk_frames <= chunk_frames"
+        )
+    bad = [v for v in chunk_ramp if not 1 <= v <= chunk_frames]
+    if bad:
+        ramp = ",".join(str(v) for v in chunk_ramp)
+        raise ModelConfigError(
+            f"parameter 'chunk_ramp' ({ramp}) has {', '.join(str(v) for v in bad)} outside [1, chunk_frames="
+            f"{chunk_frames}]: the ramp's chunks grow towards chunk_frames (drop the larger entries, "
+            f"or raise chunk_frames)"
+        )
+
+
 @dataclass(frozen=True)
 class TalkerModelConfig:
     checkpoint: str
@@ -162,13 +181,7 @@ class TalkerModelConfig:
             raise ModelConfigError("parameter 'pipeline' fused needs engine native (the codec runs in its loop)")
         _choice("codec_dtype", self.codec_dtype, choices("codec_dtype"))
         object.__setattr__(self, "codec_dtype", device_dtype(self.codec_dtype, self.device))
-        if any(v < 1 for v in self.chunk_ramp):
-            raise ModelConfigError(f"parameter 'chunk_ramp' values must be >= 1, got {self.chunk_ramp!r}")
-        if not 1 <= self.first_chunk_frames <= self.chunk_frames:
-            raise ModelConfigError(
-                f"parameters 'first_chunk_frames' ({self.first_chunk_frames}) and 'chunk_frames' "
-                f"({self.chunk_frames}) need 1 <= first_chunk_frames <= chunk_frames"
-            )
+        check_chunk_schedule(self.first_chunk_frames, self.chunk_ramp, self.chunk_frames)
         if not 20 <= self.fused_buffer_ms <= 60000:
             raise ModelConfigError(f"parameter 'fused_buffer_ms' must be in [20, 60000], got {self.fused_buffer_ms}")
         if self.codec_max_batch < 1 or self.codec_state_slots < 1:
@@ -361,6 +374,7 @@ class TtsModelConfig:
                 f"(0 disables the voice cache), got {self.voice_cache_size}"
             )
         _choice("encoder_device", self.encoder_device, ("cpu", "cuda"))
+        check_chunk_schedule(self.first_chunk_frames, self.chunk_ramp, self.chunk_frames)
         if self.default_task_type:
             _choice("default_task_type", self.default_task_type, TASK_TYPES)
         _choice("default_sample_format", self.default_sample_format, SAMPLE_FORMATS)

@@ -82,6 +82,16 @@ def _cross_checks(self) -> None:
             f"default_max_frames must be in [1, max_frames_limit={self.max_frames_limit}], "
             f"got {self.default_max_frames}"
         )
+    from triton_qwen3_tts.serving.model_config import ModelConfigError, check_chunk_schedule
+
+    try:
+        ramp = tuple(int(x) for x in self.chunk_ramp.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise RepositoryError(f"chunk_ramp must be comma-separated frame counts, got {self.chunk_ramp!r}") from None
+    try:
+        check_chunk_schedule(self.first_chunk_frames, ramp, self.chunk_frames)
+    except ModelConfigError as e:
+        raise RepositoryError(str(e).replace("parameters ", "").replace("parameter ", "")) from None
     if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
         raise RepositoryError(f"{self.checkpoint} is not a checkpoint directory (no config.json)")
 

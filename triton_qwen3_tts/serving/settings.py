@@ -393,7 +393,9 @@ SETTINGS: Tuple[Setting, ...] = (
         hi=8192,
         group="tts",
     ),
-    Setting("chunk_ramp", "4,8,16", "frames of the chunks after the first, before chunk_frames", group="tts"),
+    Setting(
+        "chunk_ramp", "4,8,16", "frames of the chunks after the first, before chunk_frames (each 1 to it)", group="tts"
+    ),
     Setting("chunk_frames", 25, "frames of every later chunk", lo=1, hi=8192, group="tts"),
     Setting(
         "left_context_frames",

@@ -81,7 +81,10 @@ class ScheduleConfig:
         if isinstance(self.ramp, (str, bytes)) or not isinstance(self.ramp, (tuple, list)):
             raise ValueError(f"ramp must be a tuple of ints, got {type(self.ramp).__name__} {self.ramp!r}")
         for i, r in enumerate(self.ramp):
-            _check_int(f"ramp[{i}]", r, 1, self.chunk_frames)
+            try:
+                _check_int(f"ramp[{i}]", r, 1, self.chunk_frames)
+            except ValueError as e:
+                raise ValueError(f"{e} (chunk_frames {self.chunk_frames}: no ramp chunk may exceed it)") from None
         object.__setattr__(self, "ramp", tuple(self.ramp))
         if self.max_window_frames > self.max_frames:
             raise ValueError(
