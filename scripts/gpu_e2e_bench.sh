@@ -60,12 +60,13 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
     --default-max-frames "$FRAMES" --max-frames-limit 500 --max-in-flight 64 --max-queued 64 \
     --codec-frame-buckets "2,4,8,16,32,64,97" ${REPO_ARGS:-} || { echo "repository build failed" >&2; exit 1; }
   if [ "${PROFILE:-0}" = 1 ]; then export QWEN3_TTS_PROFILE_DIR="$OUT/profiles_$TAG"; fi
-  setsid tritonserver --model-repository=/tmp/repo --backend-directory=$TRITON_HOME/triton/backends \
+  setsid -w tritonserver --model-repository=/tmp/repo --backend-directory=$TRITON_HOME/triton/backends \
     --allow-gpu-metrics=false --http-port=18000 --grpc-port=18001 --metrics-port=18002 > "$OUT/server_$TAG.log" 2>&1 &
+  srv=$!
   # a model that fails to load makes the server exit: stop waiting then, not after READY_S
   for i in $(seq 1 "${READY_S:-300}"); do curl -sf localhost:18000/v2/health/ready > /dev/null && break; sleep 1
-    pgrep -f '^tritonserver' > /dev/null || { echo "server exited after ${i}s" >&2; break; }; done
-  curl -sf localhost:18000/v2/health/ready > /dev/null || { echo "server not ready after ${i}s" >&2;
+    kill -0 "$srv" 2> /dev/null || { echo "server exited after ${i}s" >&2; break; }; done
+  { kill -0 "$srv" 2> /dev/null && curl -sf localhost:18000/v2/health/ready > /dev/null; } || { echo "server not ready after ${i}s" >&2;
     grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f '^tritonserver'; exit 1; }
   echo "server ready after ${i}s"
   if [ "$service" = 0 ]; then

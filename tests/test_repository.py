@@ -119,8 +119,12 @@ def test_the_chunk_schedule_is_checked_when_the_repository_is_built(ckpt, tmp_pa
         build(chunk_ramp="2,4,8,16", chunk_frames=12)
     with pytest.raises(RepositoryError, match=r"^'first_chunk_frames' \(4\) and 'chunk_frames' \(3\)"):
         build(first_chunk_frames=4, chunk_ramp="2", chunk_frames=3)
-    with pytest.raises(RepositoryError, match="^chunk_ramp must be comma-separated frame counts"):
+    with pytest.raises(RepositoryError, match="^chunk_ramp: comma-separated frame counts"):
         build(chunk_ramp="4,eight")
+    with pytest.raises(RepositoryError, match="^chunk_ramp: at least one frame count"):
+        build(chunk_ramp="", chunk_frames=8)  # the models would read '' as the default 4,8,16
+    with pytest.raises(RepositoryError, match=r"^'chunk_ramp' \(2,0\) has 0 outside \[1, chunk_frames=25\]$"):
+        build(chunk_ramp="2,0")
     out = build(chunk_ramp="2,4,8", chunk_frames=12)
     tts = TtsModelConfig.from_parameters(params(open(os.path.join(out, "tts", "config.pbtxt")).read()))
     assert (tts.chunk_ramp, tts.chunk_frames) == ((2, 4, 8), 12)

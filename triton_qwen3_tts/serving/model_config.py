@@ -125,10 +125,14 @@ def check_chunk_schedule(first_chunk_frames: int, chunk_ramp, chunk_frames: int)
     bad = [v for v in chunk_ramp if not 1 <= v <= chunk_frames]
     if bad:
         ramp = ",".join(str(v) for v in chunk_ramp)
+        hint = (
+            ": the ramp's chunks grow towards chunk_frames (drop the larger entries, or raise chunk_frames)"
+            if max(bad) > chunk_frames
+            else ""
+        )
         raise ModelConfigError(
             f"parameter 'chunk_ramp' ({ramp}) has {', '.join(str(v) for v in bad)} outside [1, chunk_frames="
-            f"{chunk_frames}]: the ramp's chunks grow towards chunk_frames (drop the larger entries, "
-            f"or raise chunk_frames)"
+            f"{chunk_frames}]{hint}"
         )
 
 

@@ -87,7 +87,12 @@ def _cross_checks(self) -> None:
     try:
         ramp = tuple(int(x) for x in self.chunk_ramp.replace(" ", "").split(",") if x)
     except ValueError:
-        raise RepositoryError(f"chunk_ramp must be comma-separated frame counts, got {self.chunk_ramp!r}") from None
+        raise RepositoryError(f"chunk_ramp: comma-separated frame counts, got {self.chunk_ramp!r}") from None
+    if not ramp:
+        # the models read an empty parameter as the setting's default ramp, not as none
+        raise RepositoryError(
+            "chunk_ramp: at least one frame count (for no ramp, give chunk_frames itself, e.g. --chunk-ramp 16)"
+        )
     try:
         check_chunk_schedule(self.first_chunk_frames, ramp, self.chunk_frames)
     except ModelConfigError as e:

@@ -84,7 +84,9 @@ class ScheduleConfig:
             try:
                 _check_int(f"ramp[{i}]", r, 1, self.chunk_frames)
             except ValueError as e:
-                raise ValueError(f"{e} (chunk_frames {self.chunk_frames}: no ramp chunk may exceed it)") from None
+                if isinstance(r, int) and r > self.chunk_frames:
+                    raise ValueError(f"{e} (chunk_frames {self.chunk_frames}: no ramp chunk may exceed it)") from None
+                raise
         object.__setattr__(self, "ramp", tuple(self.ramp))
         if self.max_window_frames > self.max_frames:
             raise ValueError(
