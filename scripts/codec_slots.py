@@ -2,7 +2,7 @@
 """Warm-up time and call time of every slot of the fused pipeline's stateful codec.
 
     python scripts/codec_slots.py --checkpoint /tmp/ckpt-1.7b-customvoice [--compile] \\
-        [--max-batch 32] [--first-chunk-frames 2] [--chunk-ramp 2,4,8,16] [--chunk-frames 25]
+        [--max-batch 32] [--first-chunk-frames 2] [--chunk-ramp 2,4,8,16] [--chunk-frames 25] [--slots 32:25]
     python scripts/codec_slots.py --preset tiny --device cpu          # CPU smoke (no graphs)
 
 The slots are those the fused pipeline warms at start (``serving/talker/engines.py``
@@ -43,8 +43,23 @@ def main(argv=None) -> int:
     ap.add_argument("--chunk-ramp", default="2,4,8,16")
     ap.add_argument("--chunk-frames", type=int, default=25)
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--json", help="write the rows here (rewritten after every slot, so a run cut short keeps them)")
+    ap.add_argument(
+        "--slots",
+        nargs="*",
+        metavar="B:T",
+        help="time only these slots (batch bucket:frames, e.g. 32:25, the codec goal's): the others are not "
+        "warmed (with --compile the first slot timed still pays the compile)",
+    )
     args = ap.parse_args(argv)
+    only = None
+    if args.slots:
+        try:
+            only = {tuple(int(v) for v in s.split(":")) for s in args.slots}
+        except ValueError:
+            ap.error(f"--slots: B:T pairs of integers, got {args.slots}")
+        if any(len(s) != 2 for s in only):
+            ap.error(f"--slots: B:T pairs of integers, got {args.slots}")
 
     import torch
     import torch._dynamo
@@ -78,12 +93,27 @@ def main(argv=None) -> int:
         compile=args.compile,
         compile_backend="inductor" if gpu else "aot_eager",
     )
+    if only is not None:
+        have = {(b, t) for b in runner.batch_buckets for t in runner.frame_buckets}
+        if not only <= have:
+            ap.error(f"--slots {sorted(only - have)}: not a slot; slots: {sorted(have)}")
     torch.backends.cudnn.benchmark = args.compile and gpu
     torch._dynamo.utils.counters.clear()
     rows, t00 = [], time.perf_counter()
+
+    def compiled() -> int:
+        return torch._dynamo.utils.counters["stats"].get("unique_graphs", 0)
+
+    def write(rows, complete: bool) -> None:
+        if args.json:
+            doc = dict(args=vars(args), slots=rows, compiled_graphs=compiled(), complete=complete)
+            Path(args.json).write_text(json.dumps(doc, indent=2))
+
     # the warm-up's order (StatefulGraphRunner.warmup): the largest slot first
     for b in reversed(runner.batch_buckets):
         for t in reversed(runner.frame_buckets):
+            if only is not None and (b, t) not in only:
+                continue
             t0 = time.perf_counter()
             slot = runner._slot(b, t)
             if gpu:
@@ -115,10 +145,9 @@ def main(argv=None) -> int:
                 f"elapsed {time.perf_counter() - t00:6.1f} s",
                 flush=True,
             )
-    graphs = torch._dynamo.utils.counters["stats"].get("unique_graphs", 0)
-    print(f"{len(rows)} slots warmed in {time.perf_counter() - t00:.1f} s; dynamo compiled {graphs} graph(s)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(dict(args=vars(args), slots=rows, compiled_graphs=graphs), indent=2))
+            write(rows, complete=False)
+    write(rows, complete=True)
+    print(f"{len(rows)} slots warmed in {time.perf_counter() - t00:.1f} s; dynamo compiled {compiled()} graph(s)")
     return 0
 
 

@@ -356,5 +356,12 @@ def test_codec_slots_script_reports_every_slot(tmp_path):
     cmd += ["--dtype", "float32", "--max-batch", "4", "--iters", "1", "--json", str(out)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    slots = {(r["batch"], r["frames"]) for r in json.loads(out.read_text())["slots"]}
-    assert slots == {(b, t) for b in (1, 2, 4) for t in (1, 2, 4, 8, 16, 25)}
+    doc = json.loads(out.read_text())
+    slots = {(r["batch"], r["frames"]) for r in doc["slots"]}
+    assert slots == {(b, t) for b in (1, 2, 4) for t in (1, 2, 4, 8, 16, 25)} and doc["complete"] is True
+    # --slots: only the slots asked for (the codec goal's slot alone, without warming the rest)
+    p = subprocess.run(cmd + ["--slots", "4:25", "2:1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [(r["batch"], r["frames"]) for r in json.loads(out.read_text())["slots"]] == [(4, 25), (2, 1)]
+    p = subprocess.run(cmd + ["--slots", "3:25"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "not a slot" in p.stderr
