@@ -56,9 +56,9 @@ def main(argv=None) -> int:
     if args.slots:
         try:
             only = {tuple(int(v) for v in s.split(":")) for s in args.slots}
+            if any(len(s) != 2 for s in only):
+                raise ValueError
         except ValueError:
-            ap.error(f"--slots: B:T pairs of integers, got {args.slots}")
-        if any(len(s) != 2 for s in only):
             ap.error(f"--slots: B:T pairs of integers, got {args.slots}")
 
     import torch

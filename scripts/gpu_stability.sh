@@ -41,12 +41,12 @@ start_server() {
   ulimit -c unlimited
   echo '/tmp/core.%e.%p' > /proc/sys/kernel/core_pattern 2>/dev/null || echo "core_pattern not writable"
   rm -f /tmp/core.*
-  setsid tritonserver --model-repository="$W/repo" --backend-directory="$TRITON_HOME/triton/backends" \
+  setsid -w tritonserver --model-repository="$W/repo" --backend-directory="$TRITON_HOME/triton/backends" \
     --allow-gpu-metrics=false --http-port=18000 --grpc-port=18001 --metrics-port=18002 > "$W/server.log" 2>&1 &
-  local t0=$SECONDS
+  local srv=$! t0=$SECONDS
   until curl -sf localhost:18000/v2/health/ready > /dev/null; do
     sleep 1; [ $((SECONDS - t0)) -gt 400 ] && { echo "server not ready after 400 s"; grep -E "^E|Error" "$W/server.log" | head; exit 1; }
-    pgrep -f "tritonserver --model-repository=$W/repo" > /dev/null ||
+    kill -0 "$srv" 2> /dev/null ||
       { echo "server exited after $((SECONDS - t0)) s"; grep -E "^E|Error" "$W/server.log" | head; exit 1; }
   done
   echo "server ready after $((SECONDS - t0)) s"

@@ -42,6 +42,11 @@ class RepositoryError(ValueError):
     pass
 
 
+def _ramp(text: str) -> Tuple[int, ...]:
+    """The frame counts of a ``chunk_ramp`` setting ("2, 4,8" -> (2, 4, 8)); ValueError if not ints."""
+    return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+
+
 def _cross_checks(self) -> None:
     """The checks that involve several settings or the file system (each setting's own type, allowed
     values and range are checked against serving/settings.py)."""
@@ -85,7 +90,7 @@ def _cross_checks(self) -> None:
     from triton_qwen3_tts.serving.model_config import ModelConfigError, check_chunk_schedule
 
     try:
-        ramp = tuple(int(x) for x in self.chunk_ramp.replace(" ", "").split(",") if x)
+        ramp = _ramp(self.chunk_ramp)
     except ValueError:
         raise RepositoryError(f"chunk_ramp: comma-separated frame counts, got {self.chunk_ramp!r}") from None
     if not ramp:
@@ -366,8 +371,7 @@ def stateful_frame_buckets(s: RepositorySettings) -> str:
         if text:
             vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
         else:
-            ramp = tuple(int(x) for x in s.chunk_ramp.replace(" ", "").split(",") if x)
-            vals = tuple(sorted({1, s.first_chunk_frames, s.chunk_frames, *ramp}))
+            vals = tuple(sorted({1, s.first_chunk_frames, s.chunk_frames, *_ramp(s.chunk_ramp)}))
         check_stateful_frame_buckets(vals, s.codec_max_frames)
     except (ValueError, ModelConfigError) as e:
         raise RepositoryError(f"codec_stateful_frame_buckets: {e}") from None
