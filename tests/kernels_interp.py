@@ -163,6 +163,47 @@ def check_code_predictor(out: dict) -> None:
             )
 
 
+def check_cp_persistent(out: dict) -> None:
+    """part_code_predictor with ``cp_kernel="persistent"`` (one launch per phase here: the
+    interpreter runs programs one after another, so a grid barrier cannot be crossed) against
+    the torch path from the same state (check_code_predictor holds the five-kernels-per-layer
+    path to the same), fp32: the identity projection with 5 greedy rows (16-row tiles), the
+    projection (the gather phase) with 9 sampled rows (the first step's 18 rows in a 64-row
+    tile)."""
+    for label, hidden, B, greedy in (("identity", 0, 5, True), ("projection", 128, 9, False)):
+        talker = _talker("tiny", hidden, 0.2)
+        base = dict(max_num_seqs=10, max_model_len=32, device="cpu", dtype="float32", cuda_graphs=False)
+        models = {
+            "torch": NativeModel(talker, NativeEngineConfig(**base), 0),
+            "persistent": NativeModel(talker, NativeEngineConfig(kernels="triton", cp_kernel="persistent", **base), 0),
+        }
+        g = torch.Generator().manual_seed(4)
+        h = torch.randn(B, models["torch"].D, generator=g)
+        c0 = torch.randint(0, 64, (B,), generator=g)
+        frames, caches = {}, {}
+        for k, m in models.items():
+            m.reset_all()
+            m.h[:B].copy_(h)
+            m.c0[:B].copy_(c0)
+            m.frame_idx.fill_(2)
+            m.key[:B].copy_(torch.arange(B) * 7919 + 1)
+            m.sub_greedy.fill_(greedy)
+            m.sub_temp.fill_(0.9)
+            m.sub_top_k.fill_(20)
+            m.sub_top_p.fill_(0.8)
+            m.cp_k.normal_(generator=torch.Generator().manual_seed(7))
+            m.cp_v.normal_(generator=torch.Generator().manual_seed(8))
+            with torch.inference_mode():
+                m.part_code_predictor(B, top_p=True)
+            frames[k] = m.frames[:B].clone()
+            caches[k] = (m.cp_k[:, :B].clone(), m.cp_v[:, :B].clone())
+        key = f"cpp_{label}_b{B}"
+        out[f"{key}_distinct_codes"] = int(frames["torch"][:, 1:].unique().numel())
+        out[f"{key}_codes_equal"] = float((frames["torch"] == frames["persistent"]).float().mean())
+        out[f"{key}_kv_maxdiff"] = max(_maxdiff(a, b) for a, b in zip(caches["torch"], caches["persistent"]))
+        out[f"{key}_fault"] = int(models["persistent"].cp_fault.item())
+
+
 def check_decode_attention(out: dict) -> None:
     """decode_attention against softmax attention over each row's positions 0..pos (fp32 and
     bf16; one split, several, a split past some rows' lengths; two and three query heads per kv
@@ -346,6 +387,7 @@ CHECKS = {
         check_attention,
         check_decode_attention,
         check_code_predictor,
+        check_cp_persistent,
         check_talker,
         check_prefill,
         check_engine_frames,

@@ -98,6 +98,39 @@ def test_code_predictor_same_codes_as_torch_path(interp, proj):
 
 
 @needs_triton
+@pytest.mark.parametrize("case", ["identity_b5", "projection_b9"])
+def test_persistent_code_predictor_same_codes_as_torch_path(interp, case):
+    # one launch per phase in the interpreter; the grid barriers of the one-launch form run
+    # only on a GPU (kernels.cp_self_test, at load, checks it against this form there)
+    assert interp[f"cpp_{case}_distinct_codes"] > 10
+    assert interp[f"cpp_{case}_codes_equal"] == 1.0
+    assert interp[f"cpp_{case}_kv_maxdiff"] < 1e-4
+    assert interp[f"cpp_{case}_fault"] == 0
+
+
+def test_cp_kernel_switch_validated():
+    with pytest.raises(EngineError, match="cp_kernel.*allowed: layers, persistent"):
+        NativeEngineConfig(device="cpu", kernels="triton", cp_kernel="fused")
+    with pytest.raises(EngineError, match="cp_kernel.*needs kernels='triton'"):
+        NativeEngineConfig(device="cpu", cp_kernel="persistent")
+    assert NativeEngineConfig(device="cpu").cp_kernel == "layers"
+
+
+def test_cp_tiles_and_phases():
+    assert nk.cp_phases(5) == 27  # the input, five per layer, the head
+    assert nk.cp_tiles(1, 2, None)[:4] == (16, 32, 16, 256)
+    assert nk.cp_tiles(128, 2, None)[:4] == (64, 32, 16, 128)
+    for smem in (232448, 166912, 101376):  # the H100's, the A100's, sm86's shared memory per block
+        for M in (1, 16, 17, 256):
+            for elt in (2, 4):
+                BM, BN, BNN, BK, st = nk.cp_tiles(M, elt, smem)
+                assert st * (BM * BK + 2 * BK * BN) * elt <= smem and st >= 2, (smem, M, elt)
+    assert nk.cp_grid(torch.device("cpu")) == 3
+    # nothing to check off the GPU: the barriers cannot run in the interpreter
+    assert nk.cp_self_test(torch.device("cpu"), torch.float32) is None
+
+
+@needs_triton
 def test_talker_layers_match_torch_path(interp):
     assert interp["talker_logits_scale"] > 0.1  # the logits are not all zero
     for n in ("hidden", "logits", "k_cache", "v_cache"):

@@ -65,6 +65,10 @@ async def make_engine(cfg: TalkerModelConfig):
     extra = {}
     if cfg.batch_buckets():
         extra["batch_buckets"] = cfg.batch_buckets()
+    kernels = native_kernels(cfg)
+    cp_kernel = cfg.native_cp_kernel if kernels == "triton" else "layers"
+    if cp_kernel != cfg.native_cp_kernel:
+        log.warning("native_cp_kernel %s: not used, the decode step runs on the torch blocks", cfg.native_cp_kernel)
     engine = await NativeEngine.create(
         cfg.checkpoint,
         NativeEngineConfig(
@@ -75,7 +79,8 @@ async def make_engine(cfg: TalkerModelConfig):
             cuda_graphs=not cfg.enforce_eager,
             seed=cfg.seed,
             compile=cfg.native_compile and cfg.device.startswith("cuda"),
-            kernels=native_kernels(cfg),
+            kernels=kernels,
+            cp_kernel=cp_kernel,
             overlap_steps=cfg.native_overlap,
             loop_thread=cfg.native_loop_thread,
             prefill_kernel_rows=cfg.native_prefill_kernel_rows,
