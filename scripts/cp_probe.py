@@ -2,12 +2,16 @@
 weights of the 1.7B code predictor's shapes).
 
 Times one frame's 15 residual steps of ``kernels.cp_step`` in a CUDA graph (median of replays,
-CUDA events) for each row count: as one synchronised launch per step, as one launch per phase,
-and with no rows at all (``B = 0``: every phase empty, so what is left is the barriers, or the
-launches); each with and without ``kernels.K_PREFETCH``. Also reports whether this Triton
-software-pipelines the GEMM tiles' K loop (asynchronous copies in the compiled ``linear``).
+CUDA events) for each row count and each variant: one synchronised launch per step with the
+default tiles, one launch per phase (``--per-phase``), and the tile variants of ``--variants``
+(not at 0 rows); with no rows at all (``--rows 0``: every phase empty) what is left is the
+barriers (or the launches).
 
-    python scripts/cp_probe.py --rows 0 1 64 --json out.json
+    python scripts/cp_probe.py --rows 0 1 64 --per-phase --variants 1024:8:32:16:1:1 512:4:16:16:2:1 --json out.json
+
+A variant is ``BK:warps:BN:BN_narrow:grid_multiple:ahead`` (the K tile, warps per program, the
+output tiles of the wide and the narrow GEMMs, programs per multiprocessor, phases of L2
+prefetch ahead); the row tile and pipeline stages are ``kernels.cp_tiles``'.
 """
 
 from __future__ import annotations
@@ -48,14 +52,14 @@ def problem(dev, dt, S: int):
     )
 
 
-def frame(pb, B: int, synced: bool, sync, fault, logits, codes) -> None:
+def frame(pb, B: int, synced: bool, sync, fault, logits, codes, **kw) -> None:
     sync.zero_()
     for j in range(1, 16):
         T, p0 = (2, 0) if j == 1 else (1, j)
         nk.cp_step(
             pb["bufs"], pb["w"], pb["heads"][j - 1], logits, pb["cos"], pb["sin"], pb["kc"], pb["vc"],
             sync[j - 1 : j], fault, B, T, p0, 1e-6, pb["H"], pb["KVH"],
-            codes=codes[:B] if j > 1 else None, table=pb["tables"][j - 2] if j > 1 else None, synced=synced,
+            codes=codes[:B] if j > 1 else None, table=pb["tables"][j - 2] if j > 1 else None, synced=synced, **kw,
         )  # fmt: skip
 
 
@@ -77,27 +81,12 @@ def timed(fn, iters: int) -> float:
     return statistics.median(ts)
 
 
-def pipelined() -> dict:
-    """Asynchronous copies in the compiled ``_linear_kernel`` variants (Triton's software
-    pipelining of the K loop), per variant seen in this process."""
-    out = {}
-    try:
-        for dev_cache in nk._linear_kernel.device_caches.values():
-            for key, k in dev_cache[0].items():
-                ir = k.asm.get("ttgir", "")
-                out[str(key)[:80]] = {
-                    "async_copies": ir.count("async_copy_global_to_local"),
-                    "shared": k.metadata.shared,
-                }
-    except Exception as e:  # noqa: BLE001 - Triton's caches are internal: report what failed
-        out["error"] = f"{type(e).__name__}: {e}"
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, nargs="+", default=[0, 1, 64])
     ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--variants", nargs="*", default=[], help="BK:warps:BN:BN_narrow:grid_multiple:ahead")
+    ap.add_argument("--per-phase", action="store_true", help="also time one launch per phase (no barriers)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     dev, dt = torch.device("cuda"), torch.bfloat16
@@ -107,31 +96,29 @@ def main(argv=None) -> int:
     fault = torch.zeros(1, device=dev, dtype=torch.int32)
     logits = torch.zeros(S, 2048, device=dev, dtype=torch.float32)
     codes = torch.randint(0, 2048, (S,), device=dev)
-    x = torch.randn(1, 1024, device=dev, dtype=dt)
     rows = []
-    for kpf in (False, True):
-        nk.K_PREFETCH = kpf
-        nk.linear(x, pb["w"]["wqkv"][0])  # one compiled linear per K-loop form, for pipelined()
-        for B in args.rows:
-            for synced in (True, False):
-                ms = timed(lambda: frame(pb, B, synced, sync, fault, logits, codes), args.iters)
-                row = {
-                    "rows": B,
-                    "k_prefetch": kpf,
-                    "launch": "one per step" if synced else "one per phase",
-                    "frame_ms": round(ms, 4),
-                    "fault": int(fault.item()),
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-    res = {
-        "triton": __import__("triton").__version__,
-        "gpu": torch.cuda.get_device_name(),
-        "grid": nk.cp_grid(dev),
-        "rows": rows,
-        "linear_compiled": pipelined(),
-    }
-    print(json.dumps(res["linear_compiled"]))
+    sms = nk.cp_grid(dev)
+
+    def one(B, label, synced=True, **kw):
+        try:
+            ms = timed(lambda: frame(pb, B, synced, sync, fault, logits, codes, **kw), args.iters)
+            row = {"rows": B, "variant": label, "frame_ms": round(ms, 4), "fault": int(fault.item())}
+        except Exception as e:  # noqa: BLE001 - a variant the compiler refuses (shared memory): recorded
+            row = {"rows": B, "variant": label, "error": f"{type(e).__name__}: {str(e)[:200]}"}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+
+    for B in args.rows:
+        one(B, "default")
+        if args.per_phase:
+            one(B, "one launch per phase", synced=False)
+        for v in args.variants if B else ():
+            bk, warps, bn, bnn, mult, ahead = (int(x) for x in v.split(":"))
+            BM, _, _, _, stages = nk.cp_tiles(max(1, 2 * B), 2, None)
+            need = stages * (BM * bk + 2 * bk * bn) * 2
+            st = stages if need <= 200_000 else 2
+            one(B, v, config=(BM, bn, bnn, bk, st, warps), grid=mult * sms, ahead=ahead)
+    res = {"triton": __import__("triton").__version__, "gpu": torch.cuda.get_device_name(), "grid": sms, "rows": rows}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)

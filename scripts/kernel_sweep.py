@@ -74,10 +74,11 @@ def main() -> int:
     )
     ap.add_argument(
         "--configs",
-        choices=("short", "wide"),
+        choices=("short", "wide", "deep"),
         default="short",
         help="short: N tiles 16/32/64 x K tiles 128/256 x (4 warps, 3 or 4 stages); wide: also 8 warps and 2 "
-        "or 5 stages",
+        "or 5 stages; deep: N tiles 16/32 x K tiles 512/1024 x (4 or 8 warps, 2 stages), fewer K steps per "
+        "program (the K loop is not software-pipelined: one memory latency per K tile)",
     )
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -117,8 +118,11 @@ def main() -> int:
         row = {"gemm": name, "M": M, "N": N, "K": K, "cold": args.cold, "torch_ms": _time(torch_ref, args.iters, calls)}
         default = nk.tiles(M, N, K, swiglu=kind == "swiglu")
         best = None
-        ws_st = ((4, 3), (4, 4)) if args.configs == "short" else ((4, 2), (4, 3), (4, 4), (4, 5), (8, 3), (8, 4))
-        cands = [(bn, bk, w_, st) for bn in (16, 32, 64) for bk in (128, 256) for w_, st in ws_st]
+        if args.configs == "deep":
+            cands = [(bn, bk, w_, 2) for bn in (16, 32) for bk in (512, 1024) for w_ in (4, 8)]
+        else:
+            ws_st = ((4, 3), (4, 4)) if args.configs == "short" else ((4, 2), (4, 3), (4, 4), (4, 5), (8, 3), (8, 4))
+            cands = [(bn, bk, w_, st) for bn in (16, 32, 64) for bk in (128, 256) for w_, st in ws_st]
         if default[1:] not in cands:
             cands.append(default[1:])
         for BN, BK, warps, stages in cands:

@@ -66,34 +66,6 @@ def check_linear(out: dict) -> None:
         out[f"linear_strided_{name}"] = _maxdiff(y, xs.float() @ w[:N].float().T)
 
 
-def check_k_prefetch(out: dict) -> None:
-    """linear with ``K_PREFETCH`` (the next K tile loaded before this tile's dot) against without:
-    the same sums in the same order, so the same bits; K of 1, 2 and 3 tiles plus a partial one,
-    with the norm, SwiGLU, residual, gather and bias epilogues, 16- and 64-row tiles."""
-    g = torch.Generator().manual_seed(9)
-    worst = 0.0
-    for dt in (torch.float32, torch.bfloat16):
-        for M, K in ((3, 64), (5, 320), (70, 600)):
-            N = 40
-            x = torch.randn(M, K, generator=g).to(dt)
-            w = (torch.randn(2 * N, K, generator=g) * 0.1).to(dt)
-            res = torch.randn(M, N, generator=g).to(dt)
-            bias = torch.randn(N, generator=g).to(dt)
-            rows = torch.randint(0, M, (M,), generator=g)
-            ys = []
-            for kpf in (False, True):
-                nk.K_PREFETCH = kpf
-                ys.append(
-                    (
-                        nk.linear(x, w, rms=True, swiglu=True, residual=res),
-                        nk.linear(x, w[:N], rows=rows, bias=bias, out_dtype=torch.float32),
-                    )
-                )
-            nk.K_PREFETCH = False
-            worst = max(worst, *(_maxdiff(a, b) for a, b in zip(*ys)))
-    out["k_prefetch_maxdiff"] = worst
-
-
 def check_attention(out: dict) -> None:
     """cp_attention against the torch path's blocks (_pre_attn's norms/RoPE, the reference
     attention) for the first step (2 rows at 0, 1) and a later one (1 row at 5), fp32."""
@@ -412,7 +384,6 @@ CHECKS = {
     f.__name__: f
     for f in (
         check_linear,
-        check_k_prefetch,
         check_attention,
         check_decode_attention,
         check_code_predictor,

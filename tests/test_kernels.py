@@ -72,11 +72,6 @@ def test_linear_variants_match_torch(interp):
 
 
 @needs_triton
-def test_k_prefetch_gives_the_same_bits(interp):
-    assert interp["k_prefetch_maxdiff"] == 0.0
-
-
-@needs_triton
 def test_attention_matches_torch_blocks(interp):
     # first step (two rows at 0, 1) and a later one: outputs and the KV-cache writes
     assert interp["attention_f32"] < 1e-4

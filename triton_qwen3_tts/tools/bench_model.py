@@ -794,12 +794,6 @@ def parse_args(argv=None):
         "engines/native/kernels.py CP_AHEAD)",
     )
     ap.add_argument(
-        "--k-prefetch",
-        action="store_true",
-        help="--kernels triton: the GEMM tiles load the next K tile before the current tile's dot "
-        "(engines/native/kernels.py K_PREFETCH)",
-    )
-    ap.add_argument(
         "--pdl",
         choices=PDL_MODES,
         default="off",
@@ -873,7 +867,6 @@ def main(argv=None) -> int:
         kernels.set_decode_attention(args.decode_attention)
         if args.cp_ahead is not None:
             kernels.CP_AHEAD = args.cp_ahead
-        kernels.K_PREFETCH = args.k_prefetch
     result = {
         "args": {k: v for k, v in vars(args).items()},
         "host": platform.node(),
@@ -891,7 +884,6 @@ def main(argv=None) -> int:
     if args.kernels == "triton":
         result["pdl"] = kernels.PDL  # "off" when the self-test found no PDL in this Triton
         result["cp_ahead"] = kernels.CP_AHEAD
-        result["k_prefetch"] = kernels.K_PREFETCH
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=float))
         print(f"wrote {args.json}")

@@ -76,11 +76,6 @@ PDL = "off"
 _PDL_DEVICES: dict = {}  # device index -> capability >= 9.0
 
 
-# the GEMM tiles' K loop: False loads each K tile, then multiplies it; True issues the next
-# tile's loads before the current tile's dot (two tiles in flight per program, for GEMMs whose
-# programs otherwise wait out one memory latency per K tile); set before CUDA-graph capture
-K_PREFETCH = False
-
 # the talker's decode attention with kernels "triton": "triton" (decode_attention, reading each
 # row's cached positions only) or "sdpa" (PyTorch's SDPA over the whole context bucket with a
 # mask); set_decode_attention() changes it (before CUDA-graph capture), for A/B measurements
@@ -225,7 +220,6 @@ if triton is not None:
         BN: tl.constexpr,
         BK: tl.constexpr,
         CG: tl.constexpr,
-        KPF: tl.constexpr,
     ):
         """One (BN outputs, BM rows) tile of :func:`_linear_kernel`: out[m, n] = epi(sum_k x[m, k]
         * w[n, k]).
@@ -233,10 +227,7 @@ if triton is not None:
         RMS: ``w`` holds the norm weight folded in (``w[n, k] * ln[k]``), so the norm is a row
         scale ``1 / rms(x[m])`` of the accumulator, its sum of squares gathered from the same
         x tiles the dot reads (no second pass, nothing between the load and the dot). ``CG``:
-        x, the gathered rows and the residual are read past L1 (:func:`_ld`). ``KPF``: the loads
-        of the next K tile are issued before the current tile's dot (registers hold two tiles),
-        so that a program has twice the bytes in flight (:data:`K_PREFETCH`); the same sums in
-        the same order."""
+        x, the gathered rows and the residual are read past L1 (:func:`_ld`)."""
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         m_ok = rm < M
@@ -249,49 +240,18 @@ if triton is not None:
         ss = tl.zeros((BM,), tl.float32)
         acc = tl.zeros((BM, BN), tl.float32)
         acc2 = tl.zeros((BM, BN), tl.float32)
-        if KPF:  # the next K tile's loads issued before this tile's dot (two tiles in flight)
-            rk0 = tl.arange(0, BK)
-            k0_ok = rk0 < K
-            a_n = _ld(x_rows + rk0[None, :], m_ok[:, None] & k0_ok[None, :], CG)
-            b_n = tl.load(w_ptr + rn[None, :] * K + rk0[:, None], mask=n_ok[None, :] & k0_ok[:, None], other=0.0)
-            b2_n = b_n
-            if SWIGLU:
-                b2_n = tl.load(
-                    w_ptr + (rn[None, :] + N) * K + rk0[:, None], mask=n_ok[None, :] & k0_ok[:, None], other=0.0
-                )
-            for k0 in range(0, K, BK):
-                a = a_n
-                b = b_n
-                b2 = b2_n
-                rk = k0 + BK + tl.arange(0, BK)  # the next tile (masked off past K)
-                k_ok = rk < K
-                a_n = _ld(x_rows + rk[None, :], m_ok[:, None] & k_ok[None, :], CG)
-                b_n = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-                if SWIGLU:
-                    b2_n = tl.load(
-                        w_ptr + (rn[None, :] + N) * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0
-                    )
-                if RMS:
-                    af = a.to(tl.float32)
-                    ss += tl.sum(af * af, axis=1)
-                acc += _dot(a, b, UPCAST, IEEE)
-                if SWIGLU:
-                    acc2 += _dot(a, b2, UPCAST, IEEE)
-        else:
-            for k0 in range(0, K, BK):
-                rk = k0 + tl.arange(0, BK)
-                k_ok = rk < K
-                a = _ld(x_rows + rk[None, :], m_ok[:, None] & k_ok[None, :], CG)
-                if RMS:
-                    af = a.to(tl.float32)
-                    ss += tl.sum(af * af, axis=1)
-                b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-                acc += _dot(a, b, UPCAST, IEEE)
-                if SWIGLU:  # the up rows follow the N gate rows
-                    b2 = tl.load(
-                        w_ptr + (rn[None, :] + N) * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0
-                    )
-                    acc2 += _dot(a, b2, UPCAST, IEEE)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < K
+            a = _ld(x_rows + rk[None, :], m_ok[:, None] & k_ok[None, :], CG)
+            if RMS:
+                af = a.to(tl.float32)
+                ss += tl.sum(af * af, axis=1)
+            b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            acc += _dot(a, b, UPCAST, IEEE)
+            if SWIGLU:  # the up rows follow the N gate rows
+                b2 = tl.load(w_ptr + (rn[None, :] + N) * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                acc2 += _dot(a, b2, UPCAST, IEEE)
         if RMS:
             inv = 1.0 / tl.sqrt(ss / K + eps)
             acc = acc * inv[:, None]
@@ -335,7 +295,6 @@ if triton is not None:
         GDC: tl.constexpr,
         PREFETCH: tl.constexpr,
         LINE: tl.constexpr,
-        KPF: tl.constexpr,
     ):
         """out[m, n] = epi(sum_k x[m, k] * w[n, k]); one program per (BN outputs, BM rows)
         (:func:`_linear_tile`).
@@ -381,7 +340,6 @@ if triton is not None:
             BN,
             BK,
             False,
-            KPF,
         )
 
     @triton.jit
@@ -825,7 +783,6 @@ if triton is not None:
         AHEAD: tl.constexpr,
         LINE: tl.constexpr,
         SPIN: tl.constexpr,
-        KPF: tl.constexpr,
     ):
         """One residual step of the code predictor, phases ``ph_lo .. ph_hi - 1`` of:
 
@@ -934,7 +891,6 @@ if triton is not None:
                         BNN,
                         BK,
                         True,
-                        KPF,
                     )
             elif ph == NPH - 1:
                 nn_hd: tl.constexpr = (V + BN - 1) // BN
@@ -966,7 +922,6 @@ if triton is not None:
                         BN,
                         BK,
                         True,
-                        KPF,
                     )
             else:
                 li = (ph - 1) // 5
@@ -1002,7 +957,6 @@ if triton is not None:
                             BN,
                             BK,
                             True,
-                            KPF,
                         )
                 elif kind == 1:
                     for it in range(pid, B * KVH, nprog):
@@ -1062,7 +1016,6 @@ if triton is not None:
                             BNN,
                             BK,
                             True,
-                            KPF,
                         )
                 elif kind == 3:
                     nn_g: tl.constexpr = (I + BN - 1) // BN
@@ -1095,7 +1048,6 @@ if triton is not None:
                             BN,
                             BK,
                             True,
-                            KPF,
                         )
                 else:
                     nn_d: tl.constexpr = (D + BNN - 1) // BNN
@@ -1128,7 +1080,6 @@ if triton is not None:
                             BNN,
                             BK,
                             True,
-                            KPF,
                         )
 
 
@@ -1268,7 +1219,6 @@ def linear(
             GDC=pdl != "off",
             PREFETCH=pdl == "prefetch",
             LINE=128 // w.element_size(),
-            KPF=K_PREFETCH,
             num_warps=warps,
             num_stages=stages,
             **_launch_opts(pdl),
@@ -1531,6 +1481,7 @@ def cp_step(
     synced: Optional[bool] = None,
     grid: Optional[int] = None,
     ahead: Optional[int] = None,
+    config: Optional[tuple] = None,
 ) -> None:
     """One residual step of the code predictor (:func:`_cp_step_kernel`) for ``B`` rows of ``T``
     new positions ``p0 ..``: one persistent launch whose phases are separated by grid barriers
@@ -1546,7 +1497,10 @@ def cp_step(
     norm folded in) writes ``logits [B, V]`` (fp32) from each row's last position. ``k_cache`` /
     ``v_cache [L, B', KV, P, hd]``; ``sync``: an int32 counter that is 0 on entry (the caller
     zeroes it; a synchronised launch leaves ``(phases - 1) * grid`` in it); ``fault``: int32,
-    set to 1 where a barrier gave up (:data:`SYNC_SPIN`)."""
+    set to 1 where a barrier gave up (:data:`SYNC_SPIN`). ``config``: (BM, BN, BN_narrow, BK,
+    num_stages, num_warps) instead of :func:`cp_tiles`' and 4 warps (for tuning,
+    ``scripts/cp_probe.py``); ``grid``: programs instead of :func:`cp_grid`'s (all must be
+    resident at once)."""
     xa, qkv, att, xb, act = (bufs[k] for k in ("xa", "qkv", "att", "xb", "act"))
     wqkv, wo, wgu, wd, qkw = (weights[k] for k in ("wqkv", "wo", "wgu", "wd", "qkw"))
     pw, pb = weights.get("pw"), weights.get("pb")
@@ -1563,7 +1517,7 @@ def cp_step(
     assert wqkv.shape[1] == (heads + 2 * kv_heads) * hd and wo.shape[2] == heads * hd
     dev = xa.device
     smem = _smem_limit(dev)
-    BM, BN, BNN, BK, stages = cp_tiles(M, wqkv.element_size(), smem)
+    BM, BN, BNN, BK, stages, warps = config or (*cp_tiles(M, wqkv.element_size(), smem), 4)
     nph = cp_phases(L)
     first = 0 if gather else 1
     if synced is None:
@@ -1629,8 +1583,7 @@ def cp_step(
                 AHEAD=ahead,
                 LINE=128 // wqkv.element_size(),
                 SPIN=SYNC_SPIN,
-                KPF=K_PREFETCH,
-                num_warps=4,
+                num_warps=warps,
                 num_stages=stages,
             )
 
