@@ -74,11 +74,16 @@ def main() -> int:
     )
     ap.add_argument(
         "--configs",
-        choices=("short", "wide", "deep"),
+        choices=("short", "wide", "deep", "none"),
         default="short",
         help="short: N tiles 16/32/64 x K tiles 128/256 x (4 warps, 3 or 4 stages); wide: also 8 warps and 2 "
         "or 5 stages; deep: N tiles 16/32 x K tiles 512/1024 x (4 or 8 warps, 2 stages), fewer K steps per "
-        "program (the K loop is not software-pipelined: one memory latency per K tile)",
+        "program (the K loop is not software-pipelined: one memory latency per K tile); none: tiles()' alone",
+    )
+    ap.add_argument(
+        "--gemv",
+        action="store_true",
+        help="also time the few-row kernel (kernels.GEMV_ROWS) at row counts up to 8",
     )
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -118,7 +123,9 @@ def main() -> int:
         row = {"gemm": name, "M": M, "N": N, "K": K, "cold": args.cold, "torch_ms": _time(torch_ref, args.iters, calls)}
         default = nk.tiles(M, N, K, swiglu=kind == "swiglu")
         best = None
-        if args.configs == "deep":
+        if args.configs == "none":
+            cands = []
+        elif args.configs == "deep":
             cands = [(bn, bk, w_, 2) for bn in (16, 32) for bk in (512, 1024) for w_ in (4, 8)]
         else:
             ws_st = ((4, 3), (4, 4)) if args.configs == "short" else ((4, 2), (4, 3), (4, 4), (4, 5), (8, 3), (8, 4))
@@ -137,6 +144,13 @@ def main() -> int:
             if best is None or ms < best[0]:
                 best = (ms, cfg)
         row["default"] = default
+        if args.gemv and M <= 8:
+            nk.GEMV_ROWS = M
+            row["gemv_ms"] = _time(lambda i: nk.linear(x, ws[i % copies], **kw), args.iters, calls)
+            nk.GEMV_ROWS = 0
+            print(
+                f"  {name} M={M}: few-row kernel {row['gemv_ms'] * 1e3:7.1f} us {nk.gemv_tiles(N, K, kind == 'swiglu')}"
+            )
         row["best_ms"], row["best"] = best
         ideal = (Nw * K * 2) / 3.35e12 * 1e3
         print(

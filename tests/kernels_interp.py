@@ -66,6 +66,41 @@ def check_linear(out: dict) -> None:
         out[f"linear_strided_{name}"] = _maxdiff(y, xs.float() @ w[:N].float().T)
 
 
+def check_gemv(out: dict) -> None:
+    """linear with ``GEMV_ROWS`` (the few-row kernel: whole weight rows per program, fp32
+    products and sums) against the tiled kernel, every epilogue (norm, SwiGLU, residual, gather,
+    bias, fp32 out), K a power of two and not (its padded lanes masked), 1 to 8 rows."""
+    g = torch.Generator().manual_seed(11)
+    worst = {torch.float32: 0.0, torch.bfloat16: 0.0}
+    for dt in worst:
+        for M, K in ((1, 64), (2, 96), (8, 160)):
+            N = 24
+            x = torch.randn(M, K, generator=g).to(dt)
+            w = (torch.randn(2 * N, K, generator=g) * 0.1).to(dt)
+            res = torch.randn(M, N, generator=g).to(dt)
+            bias = torch.randn(N, generator=g).to(dt)
+            table = torch.randn(11, K, generator=g).to(dt)
+            rows = torch.randint(0, 11, (M,), generator=g)
+            ys = []
+            for gemv in (0, 8):
+                nk.GEMV_ROWS = gemv
+                ys.append(
+                    (
+                        nk.linear(x, w, rms=True, swiglu=True, residual=res),
+                        nk.linear(x, w[:N], rms=True, out_dtype=torch.float32),
+                        nk.linear(table, w[:N], rows=rows, bias=bias),
+                        nk.linear(x, w[:N], residual=res),
+                    )
+                )
+            nk.GEMV_ROWS = 0
+            worst[dt] = max(worst[dt], *(_maxdiff(a, b) for a, b in zip(*ys)))
+    out["gemv_maxdiff_float32"] = worst[torch.float32]
+    out["gemv_maxdiff_bfloat16"] = worst[torch.bfloat16]
+    out["gemv_tiles"] = [
+        list(nk.gemv_tiles(N, K, sw)) for N, K, sw in ((4096, 1024, False), (1024, 3072, False), (3072, 1024, True))
+    ]
+
+
 def check_attention(out: dict) -> None:
     """cp_attention against the torch path's blocks (_pre_attn's norms/RoPE, the reference
     attention) for the first step (2 rows at 0, 1) and a later one (1 row at 5), fp32."""
@@ -384,6 +419,7 @@ CHECKS = {
     f.__name__: f
     for f in (
         check_linear,
+        check_gemv,
         check_attention,
         check_decode_attention,
         check_code_predictor,

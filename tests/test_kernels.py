@@ -72,6 +72,15 @@ def test_linear_variants_match_torch(interp):
 
 
 @needs_triton
+def test_few_row_kernel_matches_the_tiled_one(interp):
+    # the same sums in another order: rounding apart (bf16: one output rounding of values of order 1)
+    assert interp["gemv_maxdiff_float32"] < 1e-5
+    assert interp["gemv_maxdiff_bfloat16"] < 0.07
+    # whole rows: 8 of K 1024, 2 of K 3072 (padded to 4096), 4 gate + 4 up rows of K 1024
+    assert interp["gemv_tiles"] == [[8, 1024, 4], [2, 4096, 4], [4, 1024, 4]]
+
+
+@needs_triton
 def test_attention_matches_torch_blocks(interp):
     # first step (two rows at 0, 1) and a later one: outputs and the KV-cache writes
     assert interp["attention_f32"] < 1e-4

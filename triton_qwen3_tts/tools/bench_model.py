@@ -794,6 +794,13 @@ def parse_args(argv=None):
         "engines/native/kernels.py CP_AHEAD)",
     )
     ap.add_argument(
+        "--gemv-rows",
+        type=int,
+        default=None,
+        help="--kernels triton: GEMMs of at most this many rows on the few-row kernel (whole weight rows per "
+        "program, no K loop; engines/native/kernels.py GEMV_ROWS; default 0: never)",
+    )
+    ap.add_argument(
         "--pdl",
         choices=PDL_MODES,
         default="off",
@@ -867,6 +874,8 @@ def main(argv=None) -> int:
         kernels.set_decode_attention(args.decode_attention)
         if args.cp_ahead is not None:
             kernels.CP_AHEAD = args.cp_ahead
+        if args.gemv_rows is not None:
+            kernels.GEMV_ROWS = args.gemv_rows
     result = {
         "args": {k: v for k, v in vars(args).items()},
         "host": platform.node(),
@@ -884,6 +893,7 @@ def main(argv=None) -> int:
     if args.kernels == "triton":
         result["pdl"] = kernels.PDL  # "off" when the self-test found no PDL in this Triton
         result["cp_ahead"] = kernels.CP_AHEAD
+        result["gemv_rows"] = kernels.GEMV_ROWS
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=float))
         print(f"wrote {args.json}")

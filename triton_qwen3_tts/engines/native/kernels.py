@@ -76,6 +76,10 @@ PDL = "off"
 _PDL_DEVICES: dict = {}  # device index -> capability >= 9.0
 
 
+# linear() with at most this many rows runs on _gemv_kernel (whole weight rows per program, no
+# K loop, no tensor cores) instead of _linear_kernel; 0: never. Set before CUDA-graph capture
+GEMV_ROWS = 0
+
 # the talker's decode attention with kernels "triton": "triton" (decode_attention, reading each
 # row's cached positions only) or "sdpa" (PyTorch's SDPA over the whole context bucket with a
 # mask); set_decode_attention() changes it (before CUDA-graph capture), for A/B measurements
@@ -341,6 +345,67 @@ if triton is not None:
             BK,
             False,
         )
+
+    @triton.jit
+    def _gemv_kernel(
+        x_ptr,
+        idx_ptr,
+        w_ptr,
+        bias_ptr,
+        res_ptr,
+        out_ptr,
+        M,
+        N,
+        K,
+        stride_xm,
+        stride_rm,
+        stride_om,
+        eps,
+        GATHER: tl.constexpr,
+        RMS: tl.constexpr,
+        SWIGLU: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        HAS_RES: tl.constexpr,
+        BN: tl.constexpr,
+        BK: tl.constexpr,
+    ):
+        """:func:`_linear_kernel` for a few rows without tensor cores: one program loads ``BN``
+        whole weight rows (all of K, ``BK`` its power of two, in one go: no K loop, so one
+        memory latency per program instead of one per K tile) and then takes each of the
+        ``M`` rows in turn, products and sums in fp32. Small programs, many per
+        multiprocessor: the loads in flight are what bounds a decode GEMM's speed."""
+        pid = tl.program_id(0)
+        rn = pid * BN + tl.arange(0, BN)
+        rk = tl.arange(0, BK)
+        n_ok = rn < N
+        k_ok = rk < K
+        wmask = n_ok[:, None] & k_ok[None, :]
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=wmask, other=0.0)
+        w2 = w
+        if SWIGLU:  # the up rows follow the N gate rows
+            w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
+        if HAS_BIAS:
+            bias = tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+        for m in range(0, M):
+            if GATHER:
+                row = tl.load(idx_ptr + m).to(tl.int64)
+            else:
+                row = tl.cast(m, tl.int64)
+            x = tl.load(x_ptr + row * stride_xm + rk, mask=k_ok, other=0.0).to(tl.float32)
+            acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            if RMS:
+                inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / K + eps)
+                acc = acc * inv
+            if HAS_BIAS:
+                acc += bias
+            if SWIGLU:
+                acc2 = tl.sum(w2.to(tl.float32) * x[None, :], axis=1)
+                if RMS:
+                    acc2 = acc2 * inv
+                acc = acc / (1.0 + tl.exp(-acc)) * acc2
+            if HAS_RES:
+                acc += tl.load(res_ptr + m * stride_rm + rn, mask=n_ok, other=0.0).to(tl.float32)
+            tl.store(out_ptr + m * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.jit
     def _cp_attn_item(
@@ -1187,6 +1252,8 @@ def linear(
     assert out.shape == (M, N) and out.stride(-1) == 1
     if residual is not None:
         assert residual.shape == (M, N) and residual.stride(-1) == 1
+    if config is None and M <= GEMV_ROWS:
+        return _gemv(x, w, out, rms, eps, swiglu, bias, residual, rows, M, N, K)
     BM, BN, BK, warps, stages = config or tiles(M, N, K, w.element_size(), swiglu, _smem_limit(w.device))
     grid = (triton.cdiv(N, BN), triton.cdiv(M, BM))
     dummy = w
@@ -1222,6 +1289,49 @@ def linear(
             num_warps=warps,
             num_stages=stages,
             **_launch_opts(pdl),
+        )
+    return out
+
+
+GEMV_ELEMENTS = 8192  # weight elements one program of _gemv_kernel loads (BN whole rows)
+
+
+def gemv_tiles(N: int, K: int, swiglu: bool = False) -> tuple:
+    """(BN, BK, num_warps) of :func:`_gemv_kernel`: ``BK`` is K's power of two, ``BN`` the rows
+    that make about :data:`GEMV_ELEMENTS` weight elements per program (half with SwiGLU, which
+    loads a gate and an up row each), at least one; 4 warps."""
+    BK = 1 << (K - 1).bit_length()
+    BN = max(1, (GEMV_ELEMENTS // (2 if swiglu else 1)) // BK)
+    return BN, BK, 4
+
+
+def _gemv(x, w, out, rms, eps, swiglu, bias, residual, rows, M, N, K):
+    """:func:`linear` on :func:`_gemv_kernel` (``M <= GEMV_ROWS``)."""
+    BN, BK, warps = gemv_tiles(N, K, swiglu)
+    dummy = w
+    with _on(w):
+        _gemv_kernel[(triton.cdiv(N, BN),)](
+            x,
+            rows if rows is not None else dummy,
+            w,
+            bias if bias is not None else dummy,
+            residual if residual is not None else dummy,
+            out,
+            M,
+            N,
+            K,
+            x.stride(0),
+            residual.stride(0) if residual is not None else 0,
+            out.stride(0),
+            float(eps),
+            GATHER=rows is not None,
+            RMS=rms,
+            SWIGLU=swiglu,
+            HAS_BIAS=bias is not None,
+            HAS_RES=residual is not None,
+            BN=BN,
+            BK=BK,
+            num_warps=warps,
         )
     return out
 
