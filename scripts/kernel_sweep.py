@@ -145,9 +145,10 @@ def main() -> int:
                 best = (ms, cfg)
         row["default"] = default
         if args.gemv and M <= 8:
+            default_rows = nk.GEMV_ROWS
             nk.GEMV_ROWS = M
             row["gemv_ms"] = _time(lambda i: nk.linear(x, ws[i % copies], **kw), args.iters, calls)
-            nk.GEMV_ROWS = 0
+            nk.GEMV_ROWS = default_rows
             print(
                 f"  {name} M={M}: few-row kernel {row['gemv_ms'] * 1e3:7.1f} us {nk.gemv_tiles(N, K, kind == 'swiglu')}"
             )

@@ -77,8 +77,11 @@ _PDL_DEVICES: dict = {}  # device index -> capability >= 9.0
 
 
 # linear() with at most this many rows runs on _gemv_kernel (whole weight rows per program, no
-# K loop, no tensor cores) instead of _linear_kernel; 0: never. Set before CUDA-graph capture
-GEMV_ROWS = 0
+# K loop, no tensor cores) instead of _linear_kernel; 0: never. Set before CUDA-graph capture.
+# 2: on the H200 (run 36d, cold weights) one row took 4.0-6.8 us per code-predictor GEMM where
+# the tiled kernel took 6.1-15.7, each further row about 1-3 us more, so 8 rows lost (gate/up
+# 23.9 against 10.6 us); one row of the code predictor's first step is two positions
+GEMV_ROWS = 2
 
 # the talker's decode attention with kernels "triton": "triton" (decode_attention, reading each
 # row's cached positions only) or "sdpa" (PyTorch's SDPA over the whole context bucket with a
