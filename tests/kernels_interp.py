@@ -67,11 +67,12 @@ def check_linear(out: dict) -> None:
 
 
 def check_gemv(out: dict) -> None:
-    """linear with ``GEMV_ROWS`` (the few-row kernel: whole weight rows per program, fp32
-    products and sums) against the tiled kernel, every epilogue (norm, SwiGLU, residual, gather,
-    bias, fp32 out), K a power of two and not (its padded lanes masked), 1 to 8 rows."""
+    """linear on the few-row kernel (``GEMV_ROWS``: whole weight rows per program, fp32 products
+    and sums) against the tiled kernel, every epilogue (norm, SwiGLU, residual, gather, bias,
+    fp32 out), K a power of two and not (its padded lanes masked), 1 to 8 rows."""
     g = torch.Generator().manual_seed(11)
     worst = {torch.float32: 0.0, torch.bfloat16: 0.0}
+    default = nk.GEMV_ROWS
     for dt in worst:
         for M, K in ((1, 64), (2, 96), (8, 160)):
             N = 24
@@ -82,7 +83,6 @@ def check_gemv(out: dict) -> None:
             table = torch.randn(11, K, generator=g).to(dt)
             rows = torch.randint(0, 11, (M,), generator=g)
             ys = []
-            default = nk.GEMV_ROWS
             for gemv in (0, 8):
                 nk.GEMV_ROWS = gemv
                 ys.append(
@@ -93,8 +93,9 @@ def check_gemv(out: dict) -> None:
                         nk.linear(x, w[:N], residual=res),
                     )
                 )
-            nk.GEMV_ROWS = default
             worst[dt] = max(worst[dt], *(_maxdiff(a, b) for a, b in zip(*ys)))
+    nk.GEMV_ROWS = default
+    out["gemv_default_rows"] = default
     out["gemv_maxdiff_float32"] = worst[torch.float32]
     out["gemv_maxdiff_bfloat16"] = worst[torch.bfloat16]
     out["gemv_tiles"] = [
@@ -197,47 +198,6 @@ def check_code_predictor(out: dict) -> None:
             out[f"cp_{label}_{mode}_kv_maxdiff"] = max(
                 _maxdiff(a, b) for a, b in zip(caches["torch"], caches["triton"])
             )
-
-
-def check_cp_persistent(out: dict) -> None:
-    """part_code_predictor with ``cp_kernel="persistent"`` (one launch per phase here: the
-    interpreter runs programs one after another, so a grid barrier cannot be crossed) against
-    the torch path from the same state (check_code_predictor holds the five-kernels-per-layer
-    path to the same), fp32: the identity projection with 5 greedy rows (16-row tiles), the
-    projection (the gather phase) with 9 sampled rows (the first step's 18 rows in a 64-row
-    tile)."""
-    for label, hidden, B, greedy in (("identity", 0, 5, True), ("projection", 128, 9, False)):
-        talker = _talker("tiny", hidden, 0.2)
-        base = dict(max_num_seqs=10, max_model_len=32, device="cpu", dtype="float32", cuda_graphs=False)
-        models = {
-            "torch": NativeModel(talker, NativeEngineConfig(**base), 0),
-            "persistent": NativeModel(talker, NativeEngineConfig(kernels="triton", cp_kernel="persistent", **base), 0),
-        }
-        g = torch.Generator().manual_seed(4)
-        h = torch.randn(B, models["torch"].D, generator=g)
-        c0 = torch.randint(0, 64, (B,), generator=g)
-        frames, caches = {}, {}
-        for k, m in models.items():
-            m.reset_all()
-            m.h[:B].copy_(h)
-            m.c0[:B].copy_(c0)
-            m.frame_idx.fill_(2)
-            m.key[:B].copy_(torch.arange(B) * 7919 + 1)
-            m.sub_greedy.fill_(greedy)
-            m.sub_temp.fill_(0.9)
-            m.sub_top_k.fill_(20)
-            m.sub_top_p.fill_(0.8)
-            m.cp_k.normal_(generator=torch.Generator().manual_seed(7))
-            m.cp_v.normal_(generator=torch.Generator().manual_seed(8))
-            with torch.inference_mode():
-                m.part_code_predictor(B, top_p=True)
-            frames[k] = m.frames[:B].clone()
-            caches[k] = (m.cp_k[:, :B].clone(), m.cp_v[:, :B].clone())
-        key = f"cpp_{label}_b{B}"
-        out[f"{key}_distinct_codes"] = int(frames["torch"][:, 1:].unique().numel())
-        out[f"{key}_codes_equal"] = float((frames["torch"] == frames["persistent"]).float().mean())
-        out[f"{key}_kv_maxdiff"] = max(_maxdiff(a, b) for a, b in zip(caches["torch"], caches["persistent"]))
-        out[f"{key}_fault"] = int(models["persistent"].cp_fault.item())
 
 
 def check_decode_attention(out: dict) -> None:
@@ -424,7 +384,6 @@ CHECKS = {
         check_attention,
         check_decode_attention,
         check_code_predictor,
-        check_cp_persistent,
         check_talker,
         check_prefill,
         check_engine_frames,

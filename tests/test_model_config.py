@@ -98,24 +98,6 @@ def test_talker_kernels_choice():
         TalkerModelConfig.from_parameters({**base, "native_kernels": "triton", "device": "cpu"})
 
 
-def test_talker_cp_kernel_choice():
-    """native_cp_kernel: layers by default; persistent on a GPU with the kernels (auto or
-    triton); refused, naming the parameter, on the CPU, with the torch blocks or for vLLM, and
-    for an unknown value with the values allowed."""
-    from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
-
-    base = {"checkpoint": "ck", "engine": "native", "device": "cuda"}
-    assert TalkerModelConfig.from_parameters(base).native_cp_kernel == "layers"
-    for k in ("auto", "triton"):
-        cfg = TalkerModelConfig.from_parameters({**base, "native_kernels": k, "native_cp_kernel": "persistent"})
-        assert cfg.native_cp_kernel == "persistent"
-    for bad in ({"device": "cpu"}, {"native_kernels": "torch"}, {"engine": "vllm"}):
-        with pytest.raises(ModelConfigError, match="native_cp_kernel' persistent needs engine native on a gpu"):
-            TalkerModelConfig.from_parameters({**base, "native_cp_kernel": "persistent", **bad})
-    with pytest.raises(ModelConfigError, match="native_cp_kernel.*layers, persistent"):
-        TalkerModelConfig.from_parameters({**base, "native_cp_kernel": "fused"})
-
-
 def test_prompt_device_resolves_to_the_native_engines_gpu():
     """prompt_device auto projects prompts on the native engine's GPU; on the CPU, for vLLM (its
     engine has processes of its own) and with prompt_device cpu, on the CPU; a bad value names

@@ -154,7 +154,6 @@ class TalkerModelConfig:
     native_compile: bool = default("native_compile")
     native_batch_buckets: str = default("native_batch_buckets")
     native_kernels: str = default("native_kernels")
-    native_cp_kernel: str = default("native_cp_kernel")
     native_overlap: bool = default("native_overlap")
     native_loop_thread: bool = default("native_loop_thread")
     native_prefill_kernel_rows: int = default("native_prefill_kernel_rows")
@@ -199,14 +198,6 @@ class TalkerModelConfig:
         _choice("fused_ride_along", self.fused_ride_along, choices("fused_ride_along"))
         if self.native_kernels == "triton" and (self.engine != "native" or self.device == "cpu"):
             raise ModelConfigError("parameter 'native_kernels' triton needs engine native on a gpu")
-        _choice("native_cp_kernel", self.native_cp_kernel, choices("native_cp_kernel"))
-        if self.native_cp_kernel != "layers" and (
-            self.engine != "native" or self.device == "cpu" or self.native_kernels == "torch"
-        ):
-            raise ModelConfigError(
-                f"parameter 'native_cp_kernel' {self.native_cp_kernel} needs engine native on a gpu with "
-                "native_kernels auto or triton"
-            )
         if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", self.device):  # cuda:i: one engine of several (gpus)
             raise ModelConfigError(f"parameter 'device' must be one of cuda, cuda:<index>, cpu; got {self.device!r}")
         _choice("dtype", self.dtype, choices("talker_dtype")[1:])

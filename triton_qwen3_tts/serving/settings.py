@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
-from triton_qwen3_tts.engines.native.options import CP_KERNELS, KERNELS
+from triton_qwen3_tts.engines.native.options import KERNELS
 from triton_qwen3_tts.serving.talker.deadline import RIDE_ALONG
 
 __all__ = [
@@ -202,16 +202,6 @@ SETTINGS: Tuple[Setting, ...] = (
         "fused Triton kernels (gpu only); 'auto' = the kernels on a GPU that runs them (compute "
         "capability 8.0 or newer, Triton installed, their self-test passing), the torch blocks otherwise",
         choices=("auto", *KERNELS),
-        group="talker",
-    ),
-    Setting(
-        "native_cp_kernel",
-        "layers",
-        "native engine with the Triton kernels: the code predictor's 15 residual steps per frame as five "
-        "kernels per layer ('layers') or as one persistent kernel per step ('persistent': one program per "
-        "multiprocessor runs every phase of the step with grid barriers between them, prefetching the next "
-        "phase's weights into L2; same arithmetic; checked at load); ignored where the torch blocks run",
-        choices=CP_KERNELS,
         group="talker",
     ),
     Setting(

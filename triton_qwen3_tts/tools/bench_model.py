@@ -33,7 +33,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from triton_qwen3_tts.engines.native.options import CP_KERNELS, DECODE_ATTENTION_MODES, KERNELS, PDL_MODES
+from triton_qwen3_tts.engines.native.options import DECODE_ATTENTION_MODES, KERNELS, PDL_MODES
 from triton_qwen3_tts.tools._extras import import_model_extra
 
 torch = None  # the model extra: imported once the command line is read (parse_args), so --help needs none
@@ -146,7 +146,6 @@ def native_knobs(args) -> dict:
         overlap_steps=not args.no_overlap,
         prefill_max_tokens=args.prefill_max_tokens,
         kernels=args.kernels,
-        cp_kernel=args.cp_kernel,
     )
     if args.no_prefill_graphs:
         kw["prefill_graphs"] = False
@@ -495,8 +494,7 @@ def cp_parity(m, cfg, frames: int, batch: int = 0) -> dict:
     from triton_qwen3_tts.engines.native.model import NativeModel
 
     other = "torch" if cfg.kernels == "triton" else "triton"
-    # no big KV cache; the other path's code predictor as layers (the persistent kernel needs "triton")
-    small = replace(cfg, kernels=other, cp_kernel="layers", max_model_len=8, max_trailing_tokens=1)
+    small = replace(cfg, kernels=other, max_model_len=8, max_trailing_tokens=1)  # no big KV cache
     models = {cfg.kernels: m, other: NativeModel(m.talker, small, 0)}
     if m.dtype != torch.float32:
         ref_cfg = replace(small, kernels="torch", dtype="float32", fast_math=False, compile=False)
@@ -633,7 +631,7 @@ def check(args) -> dict:
             for p, t, mf in prompts
         ]
 
-    async def run(graphs: bool, fast, compiled=False, kernels="torch", cp_kernel="layers"):
+    async def run(graphs: bool, fast, compiled=False, kernels="torch"):
         cfg = NativeEngineConfig(
             max_num_seqs=4,
             max_model_len=128,
@@ -646,7 +644,6 @@ def check(args) -> dict:
             fast_math=fast,
             compile=compiled,
             kernels=kernels,
-            cp_kernel=cp_kernel,
         )
         eng = await NativeEngine.create(None, cfg, talker=talker)
         try:
@@ -668,19 +665,16 @@ def check(args) -> dict:
             eng.shutdown()
 
     report = {}
-    variants = [("eager", False, None, False, "torch", "layers"), ("graphs", True, None, False, "torch", "layers")]
+    variants = [("eager", False, None, False, "torch"), ("graphs", True, None, False, "torch")]
     if args.device.startswith("cuda"):
-        variants.append(("graphs-exactmath", True, False, False, "torch", "layers"))
+        variants.append(("graphs-exactmath", True, False, False, "torch"))
         if args.compile:  # reported, not required to equal eager (inductor reorders arithmetic)
-            variants.append(("graphs-compiled", True, None, True, "torch", "layers"))
+            variants.append(("graphs-compiled", True, None, True, "torch"))
         if args.kernels == "triton":  # reported: the kernels round once per stored tensor
-            variants.append(("graphs-kernels-triton", True, None, False, "triton", "layers"))
-        if args.cp_kernel == "persistent":  # required: its graphs replay what it does eagerly
-            variants.append(("eager-cp-persistent", False, None, False, "triton", "persistent"))
-            variants.append(("graphs-cp-persistent", True, None, False, "triton", "persistent"))
+            variants.append(("graphs-kernels-triton", True, None, False, "triton"))
     outs = {}
-    for name, graphs, fast, compiled, kern, cpk in variants:
-        res, hist = asyncio.run(run(graphs, fast, compiled, kern, cpk))
+    for name, graphs, fast, compiled, kern in variants:
+        res, hist = asyncio.run(run(graphs, fast, compiled, kern))
         outs[name] = res
         same_ref = [bool(r.shape == w.shape and np.array_equal(r, w)) for r, w in zip(res, refs)]
         frac = [
@@ -699,16 +693,6 @@ def check(args) -> dict:
     eq = all(np.array_equal(a, b) for a, b in zip(outs["eager"], outs["graphs"]))
     report["graphs_equal_eager"] = eq
     print(f"graphs == eager (greedy frames): {eq}", flush=True)
-    if "graphs-cp-persistent" in outs:
-        same = [np.array_equal(a, b) for a, b in zip(outs["eager-cp-persistent"], outs["graphs-cp-persistent"])]
-        eq = eq and all(same)
-        report["cp_persistent_graphs_equal_eager"] = same
-        if "graphs-kernels-triton" in outs:  # reported: the persistent kernel's tiles sum in another order
-            report["cp_persistent_frames_equal_layers"] = [
-                float((a[: min(len(a), len(b))] == b[: min(len(a), len(b))]).all(1).mean()) if len(b) else 1.0
-                for a, b in zip(outs["graphs-cp-persistent"], outs["graphs-kernels-triton"])
-            ]
-        print(f"persistent code predictor, graphs == eager: {same}", flush=True)
     if not eq:
         raise SystemExit("CHECK FAILED: graph replay differs from eager execution")
     return {"check": report}
@@ -780,25 +764,11 @@ def parse_args(argv=None):
         help="native: the decode step's layers (talker and code predictor) as torch blocks or fused Triton kernels (CUDA)",
     )
     ap.add_argument(
-        "--cp-kernel",
-        choices=CP_KERNELS,
-        default="layers",
-        help="--kernels triton: the code predictor's residual steps as five kernels per layer or as one persistent "
-        "kernel each (grid barriers between its phases; engines/native/kernels.py cp_step)",
-    )
-    ap.add_argument(
-        "--cp-ahead",
-        type=int,
-        default=None,
-        help="--cp-kernel persistent: phases the kernel prefetches its weights ahead into L2 (0: none; default "
-        "engines/native/kernels.py CP_AHEAD)",
-    )
-    ap.add_argument(
         "--gemv-rows",
         type=int,
         default=None,
         help="--kernels triton: GEMMs of at most this many rows on the few-row kernel (whole weight rows per "
-        "program, no K loop; engines/native/kernels.py GEMV_ROWS; default 0: never)",
+        "program, no K loop); default: engines/native/kernels.py GEMV_ROWS (2); 0: the tiled kernel always",
     )
     ap.add_argument(
         "--pdl",
@@ -872,8 +842,6 @@ def main(argv=None) -> int:
 
         kernels.set_pdl(args.pdl)
         kernels.set_decode_attention(args.decode_attention)
-        if args.cp_ahead is not None:
-            kernels.CP_AHEAD = args.cp_ahead
         if args.gemv_rows is not None:
             kernels.GEMV_ROWS = args.gemv_rows
     result = {
@@ -892,7 +860,6 @@ def main(argv=None) -> int:
         result.update(asyncio.run(sweep(args)))
     if args.kernels == "triton":
         result["pdl"] = kernels.PDL  # "off" when the self-test found no PDL in this Triton
-        result["cp_ahead"] = kernels.CP_AHEAD
         result["gemv_rows"] = kernels.GEMV_ROWS
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=float))

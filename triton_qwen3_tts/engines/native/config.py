@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 
 from triton_qwen3_tts.engines.base import EngineError
-from triton_qwen3_tts.engines.native.options import CP_KERNELS, KERNELS
+from triton_qwen3_tts.engines.native.options import KERNELS
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,11 +50,6 @@ class NativeEngineConfig:
       fused Triton kernels each, the talker's as five plus SDPA; its own rounding; CUDA, or
       Triton's interpreter for tests). Prefill: ``prefill_kernel_rows``; the kernels' arithmetic
       is the fast one (SDPA, norms with the weight) whatever ``fast_math`` says.
-    * ``cp_kernel``: with ``kernels="triton"``, the code predictor's residual steps as five
-      kernels per layer (``"layers"``) or as one persistent kernel each (``"persistent"``,
-      :func:`~triton_qwen3_tts.engines.native.kernels.cp_step`: one program per multiprocessor
-      runs every phase of the step, grid barriers between the phases, and prefetches the next
-      phase's weights into L2 while it computes and waits); the same arithmetic either way.
     * ``prefill_kernel_rows``: with ``kernels="triton"``, a prefill of at most this many padded
       rows (prompts x length bucket) runs the talker layers' GEMMs on the Triton kernels (the
       norms folded in, residual and SwiGLU epilogues: four kernels where the torch blocks launch
@@ -96,7 +91,6 @@ class NativeEngineConfig:
     compile: bool = False
     compile_backend: str = "inductor"
     kernels: str = "torch"
-    cp_kernel: str = "layers"
     prefill_kernel_rows: int = 0
     batched_prefill: bool = True
     prefill_max_tokens: int = 4096
@@ -138,10 +132,6 @@ class NativeEngineConfig:
             bad("compile_backend", f"must be a torch.compile backend name, got {self.compile_backend!r}")
         if self.kernels not in KERNELS:
             bad("kernels", f"{self.kernels!r}; allowed: {', '.join(KERNELS)}")
-        if self.cp_kernel not in CP_KERNELS:
-            bad("cp_kernel", f"{self.cp_kernel!r}; allowed: {', '.join(CP_KERNELS)}")
-        if self.cp_kernel != "layers" and self.kernels != "triton":
-            bad("cp_kernel", f"{self.cp_kernel!r} needs kernels='triton', got kernels={self.kernels!r}")
         if self.prefill_graphs is not None and not isinstance(self.prefill_graphs, bool):
             bad("prefill_graphs", f"must be a bool or None, got {self.prefill_graphs!r}")
         for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill", "overlap_steps", "loop_thread"):

@@ -638,11 +638,6 @@ class NativeEngine:
             st.ready.synchronize()
             self.gpu_time.collect()
         out = st.host.numpy().copy()  # the buffer is reused two steps on
-        if len(out) and out[0, -1] > 1:  # the model's fault flag (NativeModel.part_sample)
-            raise EngineError(
-                "the code predictor's persistent kernel gave up at a grid barrier (its programs were "
-                "not all resident on the GPU); set native_cp_kernel (NativeEngineConfig.cp_kernel) to 'layers'"
-            )
         events = []
         for i, r in enumerate(st.rows):
             if r.stopped:

@@ -27,6 +27,13 @@ PyTorch's SDPA over the masked context bucket took a third of the talker's time 
 (run 31a: 68 us per layer at 64 rows, against 79 MB of keys and values per layer at context 300,
 23 us at the H100's bandwidth).
 
+GEMMs of at most :data:`GEMV_ROWS` rows (one row per stream at batch 1; the code predictor's
+first step has two) run on :func:`_gemv_kernel` instead: the tiled kernel is latency-bound at
+such sizes (one program per 32 outputs, one memory latency per K tile: about 1 TB/s of the
+H200's 4.3), where the few-row kernel's many small programs each load whole weight rows at once
+(run 36d: 4.0-6.8 us per code-predictor GEMM at one row against 6.1-15.7, the frame step at
+one row 5.34 -> 3.61 ms).
+
 Arithmetic: fp32 accumulation and fp32 norms/activations, rounded once to the model dtype where
 a tensor is stored (the folded weights are rounded once more at load); the torch path rounds
 after each op, so bf16 codes can differ where two candidates are near-tied (the share of identical codes is measured by ``benchmark_model.py
@@ -192,89 +199,6 @@ if triton is not None:
             )
 
     @triton.jit
-    def _ld(ptrs, mask, CG: tl.constexpr):
-        """A load of data another program may have written in this launch (``CG``: from L2, past
-        the multiprocessor's L1, which other programs' writes do not update); zeros where masked."""
-        if CG:
-            return tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-        return tl.load(ptrs, mask=mask, other=0.0)
-
-    @triton.jit
-    def _linear_tile(
-        x_ptr,
-        idx_ptr,
-        w_ptr,
-        bias_ptr,
-        res_ptr,
-        out_ptr,
-        pid_n,
-        pid_m,
-        M,
-        N,
-        K,
-        stride_xm,
-        stride_rm,
-        stride_om,
-        eps,
-        GATHER: tl.constexpr,
-        RMS: tl.constexpr,
-        SWIGLU: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        HAS_RES: tl.constexpr,
-        UPCAST: tl.constexpr,
-        IEEE: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
-        BK: tl.constexpr,
-        CG: tl.constexpr,
-    ):
-        """One (BN outputs, BM rows) tile of :func:`_linear_kernel`: out[m, n] = epi(sum_k x[m, k]
-        * w[n, k]).
-
-        RMS: ``w`` holds the norm weight folded in (``w[n, k] * ln[k]``), so the norm is a row
-        scale ``1 / rms(x[m])`` of the accumulator, its sum of squares gathered from the same
-        x tiles the dot reads (no second pass, nothing between the load and the dot). ``CG``:
-        x, the gathered rows and the residual are read past L1 (:func:`_ld`)."""
-        rm = pid_m * BM + tl.arange(0, BM)
-        rn = pid_n * BN + tl.arange(0, BN)
-        m_ok = rm < M
-        n_ok = rn < N
-        if GATHER:
-            rows = _ld(idx_ptr + rm, m_ok, CG).to(tl.int64)
-        else:
-            rows = rm.to(tl.int64)
-        x_rows = x_ptr + rows[:, None] * stride_xm
-        ss = tl.zeros((BM,), tl.float32)
-        acc = tl.zeros((BM, BN), tl.float32)
-        acc2 = tl.zeros((BM, BN), tl.float32)
-        for k0 in range(0, K, BK):
-            rk = k0 + tl.arange(0, BK)
-            k_ok = rk < K
-            a = _ld(x_rows + rk[None, :], m_ok[:, None] & k_ok[None, :], CG)
-            if RMS:
-                af = a.to(tl.float32)
-                ss += tl.sum(af * af, axis=1)
-            b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-            acc += _dot(a, b, UPCAST, IEEE)
-            if SWIGLU:  # the up rows follow the N gate rows
-                b2 = tl.load(w_ptr + (rn[None, :] + N) * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
-                acc2 += _dot(a, b2, UPCAST, IEEE)
-        if RMS:
-            inv = 1.0 / tl.sqrt(ss / K + eps)
-            acc = acc * inv[:, None]
-            if SWIGLU:
-                acc2 = acc2 * inv[:, None]
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        if SWIGLU:
-            acc = acc / (1.0 + tl.exp(-acc)) * acc2
-        mask = m_ok[:, None] & n_ok[None, :]
-        if HAS_RES:
-            r = _ld(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask, CG)
-            acc += r.to(tl.float32)
-        tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
-
-    @triton.jit
     def _linear_kernel(
         x_ptr,
         idx_ptr,
@@ -303,51 +227,63 @@ if triton is not None:
         PREFETCH: tl.constexpr,
         LINE: tl.constexpr,
     ):
-        """out[m, n] = epi(sum_k x[m, k] * w[n, k]); one program per (BN outputs, BM rows)
-        (:func:`_linear_tile`).
+        """out[m, n] = epi(sum_k x[m, k] * w[n, k]); one program per (BN outputs, BM rows).
+
+        RMS: ``w`` holds the norm weight folded in (``w[n, k] * ln[k]``), so the norm is a row
+        scale ``1 / rms(x[m])`` of the accumulator, its sum of squares gathered from the same
+        x tiles the dot reads (no second pass, nothing between the load and the dot).
 
         GDC (programmatic dependent launch): wait for the previous kernel before reading x, rows,
         bias or residual and before writing out; PREFETCH: first the first row tile's programs
         prefetch this program's weight rows into L2 (one ``LINE``-element cache line per address)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
+        rm = pid_m * BM + tl.arange(0, BM)
+        rn = pid_n * BN + tl.arange(0, BN)
+        m_ok = rm < M
+        n_ok = rn < N
         if PREFETCH:
             if pid_m == 0:
-                rn = tl.minimum(pid_n * BN + tl.arange(0, BN), N - 1)
-                _prefetch_rows(w_ptr, rn, K, BK, LINE)
+                _prefetch_rows(w_ptr, tl.minimum(rn, N - 1), K, BK, LINE)
                 if SWIGLU:
-                    _prefetch_rows(w_ptr, rn + N, K, BK, LINE)
+                    _prefetch_rows(w_ptr, tl.minimum(rn, N - 1) + N, K, BK, LINE)
         if GDC:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        _linear_tile(
-            x_ptr,
-            idx_ptr,
-            w_ptr,
-            bias_ptr,
-            res_ptr,
-            out_ptr,
-            pid_n,
-            pid_m,
-            M,
-            N,
-            K,
-            stride_xm,
-            stride_rm,
-            stride_om,
-            eps,
-            GATHER,
-            RMS,
-            SWIGLU,
-            HAS_BIAS,
-            HAS_RES,
-            UPCAST,
-            IEEE,
-            BM,
-            BN,
-            BK,
-            False,
-        )
+        if GATHER:
+            rows = tl.load(idx_ptr + rm, mask=m_ok, other=0).to(tl.int64)
+        else:
+            rows = rm.to(tl.int64)
+        x_rows = x_ptr + rows[:, None] * stride_xm
+        ss = tl.zeros((BM,), tl.float32)
+        acc = tl.zeros((BM, BN), tl.float32)
+        acc2 = tl.zeros((BM, BN), tl.float32)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            k_ok = rk < K
+            a = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            if RMS:
+                af = a.to(tl.float32)
+                ss += tl.sum(af * af, axis=1)
+            b = tl.load(w_ptr + rn[None, :] * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+            acc += _dot(a, b, UPCAST, IEEE)
+            if SWIGLU:  # the up rows follow the N gate rows
+                b2 = tl.load(w_ptr + (rn[None, :] + N) * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
+                acc2 += _dot(a, b2, UPCAST, IEEE)
+        if RMS:
+            inv = 1.0 / tl.sqrt(ss / K + eps)
+            acc = acc * inv[:, None]
+            if SWIGLU:
+                acc2 = acc2 * inv[:, None]
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        if SWIGLU:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc2
+        mask = m_ok[:, None] & n_ok[None, :]
+        if HAS_RES:
+            r = tl.load(res_ptr + rm[:, None] * stride_rm + rn[None, :], mask=mask, other=0.0)
+            acc += r.to(tl.float32)
+        tl.store(out_ptr + rm[:, None] * stride_om + rn[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _gemv_kernel(
@@ -411,87 +347,6 @@ if triton is not None:
             tl.store(out_ptr + m * stride_om + rn, acc.to(out_ptr.dtype.element_ty), mask=n_ok)
 
     @triton.jit
-    def _cp_attn_item(
-        qkv_ptr,
-        qkw_ptr,
-        cos_ptr,
-        sin_ptr,
-        kc_ptr,
-        vc_ptr,
-        o_ptr,
-        b,
-        g,
-        p0,
-        stride_qkv,
-        stride_o,
-        stride_cb,
-        stride_ch,
-        stride_cp,
-        eps,
-        scale,
-        T: tl.constexpr,
-        H: tl.constexpr,
-        KVH: tl.constexpr,
-        HD: tl.constexpr,
-        P: tl.constexpr,
-        CG: tl.constexpr,
-    ):
-        """One (batch row b, kv head g): the T new rows' k/v normed, roped and written to the
-        cache at positions p0..p0+T-1, then the REP query heads of g over keys 0..p0+t.
-        ``CG``: q/k/v and the cache read past L1 (:func:`_ld`)."""
-        REP: tl.constexpr = H // KVH
-        QR: tl.constexpr = T * REP
-        HALF: tl.constexpr = HD // 2
-        b = tl.cast(b, tl.int64)
-        d = tl.arange(0, HD)
-        d_rot = (d + HALF) % HD  # torch.roll by HD/2 (sign folded into sin)
-        dm = d < HD  # all true: the loads' mask
-        kw = tl.load(qkw_ptr + (H + g) * HD + d).to(tl.float32)
-        kw_rot = tl.load(qkw_ptr + (H + g) * HD + d_rot).to(tl.float32)
-        kc = kc_ptr + b * stride_cb + g * stride_ch
-        vc = vc_ptr + b * stride_cb + g * stride_ch
-        for t in tl.static_range(T):
-            row = qkv_ptr + (b * T + t) * stride_qkv
-            k = _ld(row + (H + g) * HD + d, dm, CG).to(tl.float32)
-            k_rot = _ld(row + (H + g) * HD + d_rot, dm, CG).to(tl.float32)
-            inv = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
-            c = tl.load(cos_ptr + (p0 + t) * HD + d).to(tl.float32)
-            s = tl.load(sin_ptr + (p0 + t) * HD + d).to(tl.float32)
-            k = (k * inv * kw) * c + (k_rot * inv * kw_rot) * s
-            tl.store(kc + (p0 + t) * stride_cp + d, k.to(kc_ptr.dtype.element_ty))
-            v = _ld(row + (H + KVH + g) * HD + d, dm, CG)
-            tl.store(vc + (p0 + t) * stride_cp + d, v)
-        tl.debug_barrier()  # the rows just written are read back below by other threads
-        # queries: QR rows (t major, then the REP heads of g)
-        qr = tl.arange(0, QR)
-        qt = qr // REP
-        qh = g * REP + qr % REP
-        q_rows = qkv_ptr + (b * T + qt)[:, None] * stride_qkv + (qh * HD)[:, None]
-        q = _ld(q_rows + d[None, :], dm[None, :], CG).to(tl.float32)
-        q_rot = _ld(q_rows + d_rot[None, :], dm[None, :], CG).to(tl.float32)
-        qw = tl.load(qkw_ptr + (qh * HD)[:, None] + d[None, :]).to(tl.float32)
-        qw_rot = tl.load(qkw_ptr + (qh * HD)[:, None] + d_rot[None, :]).to(tl.float32)
-        qinv = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
-        qc = tl.load(cos_ptr + (p0 + qt)[:, None] * HD + d[None, :]).to(tl.float32)
-        qs = tl.load(sin_ptr + (p0 + qt)[:, None] * HD + d[None, :]).to(tl.float32)
-        q = (q * qinv[:, None] * qw) * qc + (q_rot * qinv[:, None] * qw_rot) * qs
-        q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)  # the model dtype's rounding of q
-        pp = tl.arange(0, P)
-        p_ok = pp < p0 + T
-        kk = _ld(kc + pp[:, None] * stride_cp + d[None, :], p_ok[:, None], CG).to(tl.float32)
-        vv = _ld(vc + pp[:, None] * stride_cp + d[None, :], p_ok[:, None], CG).to(tl.float32)
-        scores = tl.sum(q[:, None, :] * kk[None, :, :], axis=2) * scale  # [QR, P]
-        allowed = pp[None, :] <= (p0 + qt)[:, None]
-        scores = tl.where(allowed, scores, float("-inf"))
-        mx = tl.max(scores, axis=1)
-        e = tl.exp(scores - mx[:, None])
-        e = tl.where(allowed, e, 0.0)
-        probs = e / tl.sum(e, axis=1)[:, None]
-        out = tl.sum(probs[:, :, None] * vv[None, :, :], axis=1)  # [QR, HD]
-        o_rows = o_ptr + (b * T + qt)[:, None] * stride_o + (qh * HD)[:, None]
-        tl.store(o_rows + d[None, :], out.to(o_ptr.dtype.element_ty))
-
-    @triton.jit
     def _cp_attn_kernel(
         qkv_ptr,
         qkw_ptr,
@@ -515,35 +370,62 @@ if triton is not None:
         P: tl.constexpr,
         GDC: tl.constexpr,
     ):
-        """One program per (batch row, kv head): :func:`_cp_attn_item`."""
+        """One (batch row b, kv head g): the T new rows' k/v normed, roped and written to the
+        cache at positions p0..p0+T-1, then the REP query heads of g over keys 0..p0+t."""
+        REP: tl.constexpr = H // KVH
+        QR: tl.constexpr = T * REP
+        HALF: tl.constexpr = HD // 2
         if GDC:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-        _cp_attn_item(
-            qkv_ptr,
-            qkw_ptr,
-            cos_ptr,
-            sin_ptr,
-            kc_ptr,
-            vc_ptr,
-            o_ptr,
-            tl.program_id(0),
-            tl.program_id(1),
-            p0,
-            stride_qkv,
-            stride_o,
-            stride_cb,
-            stride_ch,
-            stride_cp,
-            eps,
-            scale,
-            T,
-            H,
-            KVH,
-            HD,
-            P,
-            False,
-        )
+        b = tl.program_id(0).to(tl.int64)
+        g = tl.program_id(1)
+        d = tl.arange(0, HD)
+        d_rot = (d + HALF) % HD  # torch.roll by HD/2 (sign folded into sin)
+        kw = tl.load(qkw_ptr + (H + g) * HD + d).to(tl.float32)
+        kw_rot = tl.load(qkw_ptr + (H + g) * HD + d_rot).to(tl.float32)
+        kc = kc_ptr + b * stride_cb + g * stride_ch
+        vc = vc_ptr + b * stride_cb + g * stride_ch
+        for t in tl.static_range(T):
+            row = qkv_ptr + (b * T + t) * stride_qkv
+            k = tl.load(row + (H + g) * HD + d).to(tl.float32)
+            k_rot = tl.load(row + (H + g) * HD + d_rot).to(tl.float32)
+            inv = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
+            c = tl.load(cos_ptr + (p0 + t) * HD + d).to(tl.float32)
+            s = tl.load(sin_ptr + (p0 + t) * HD + d).to(tl.float32)
+            k = (k * inv * kw) * c + (k_rot * inv * kw_rot) * s
+            tl.store(kc + (p0 + t) * stride_cp + d, k.to(kc_ptr.dtype.element_ty))
+            v = tl.load(row + (H + KVH + g) * HD + d)
+            tl.store(vc + (p0 + t) * stride_cp + d, v)
+        tl.debug_barrier()  # the rows just written are read back below by other threads
+        # queries: QR rows (t major, then the REP heads of g)
+        qr = tl.arange(0, QR)
+        qt = qr // REP
+        qh = g * REP + qr % REP
+        q_rows = qkv_ptr + (b * T + qt)[:, None] * stride_qkv + (qh * HD)[:, None]
+        q = tl.load(q_rows + d[None, :]).to(tl.float32)
+        q_rot = tl.load(q_rows + d_rot[None, :]).to(tl.float32)
+        qw = tl.load(qkw_ptr + (qh * HD)[:, None] + d[None, :]).to(tl.float32)
+        qw_rot = tl.load(qkw_ptr + (qh * HD)[:, None] + d_rot[None, :]).to(tl.float32)
+        qinv = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
+        qc = tl.load(cos_ptr + (p0 + qt)[:, None] * HD + d[None, :]).to(tl.float32)
+        qs = tl.load(sin_ptr + (p0 + qt)[:, None] * HD + d[None, :]).to(tl.float32)
+        q = (q * qinv[:, None] * qw) * qc + (q_rot * qinv[:, None] * qw_rot) * qs
+        q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)  # the model dtype's rounding of q
+        pp = tl.arange(0, P)
+        p_ok = pp < p0 + T
+        kk = tl.load(kc + pp[:, None] * stride_cp + d[None, :], mask=p_ok[:, None], other=0.0).to(tl.float32)
+        vv = tl.load(vc + pp[:, None] * stride_cp + d[None, :], mask=p_ok[:, None], other=0.0).to(tl.float32)
+        scores = tl.sum(q[:, None, :] * kk[None, :, :], axis=2) * scale  # [QR, P]
+        allowed = pp[None, :] <= (p0 + qt)[:, None]
+        scores = tl.where(allowed, scores, float("-inf"))
+        mx = tl.max(scores, axis=1)
+        e = tl.exp(scores - mx[:, None])
+        e = tl.where(allowed, e, 0.0)
+        probs = e / tl.sum(e, axis=1)[:, None]
+        out = tl.sum(probs[:, :, None] * vv[None, :, :], axis=1)  # [QR, HD]
+        o_rows = o_ptr + (b * T + qt)[:, None] * stride_o + (qh * HD)[:, None]
+        tl.store(o_rows + d[None, :], out.to(o_ptr.dtype.element_ty))
 
     @triton.jit
     def _rope_kv_kernel(
@@ -707,448 +589,6 @@ if triton is not None:
         r_ok = r < REP
         o_at = b * (H * HD) + (g * REP + r)[:, None] * HD + d[None, :]
         tl.store(o_ptr + o_at, out.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
-
-    @triton.jit
-    def _grid_sync(sync_ptr, fault_ptr, target, SPIN: tl.constexpr):
-        """A grid barrier: this program adds one to the counter at ``sync_ptr`` and waits until it
-        reaches ``target`` (every program of the launch adds one per barrier). The writes of
-        every program before the barrier are visible to every program after it: arrival with
-        release semantics, departure with acquire, this program's threads synchronised on both
-        sides, the data read after it past L1 (:func:`_ld`). After ``SPIN`` polls without the
-        count it sets ``fault`` and goes on, so a barrier that cannot complete (programs not all
-        resident at once) ends the launch with a flag the engine reports instead of spinning
-        for ever."""
-        tl.debug_barrier()
-        tl.atomic_add(sync_ptr, 1, sem="release", scope="gpu")
-        n = tl.load(sync_ptr, volatile=True)
-        i = n * 0  # polls so far (a tensor: a loop-carried value)
-        while (n < target) & (i < SPIN):
-            n = tl.load(sync_ptr, volatile=True)
-            i += 1
-        if n < target:
-            tl.atomic_max(fault_ptr, 1)
-        tl.atomic_add(sync_ptr, 0, sem="acquire", scope="gpu")
-        tl.debug_barrier()
-
-    @triton.jit
-    def _prefetch_phase(
-        q,
-        pid,
-        nprog,
-        pw_ptr,
-        wqkv_ptr,
-        wo_ptr,
-        wgu_ptr,
-        wd_ptr,
-        head_ptr,
-        NPH: tl.constexpr,
-        D: tl.constexpr,
-        TD: tl.constexpr,
-        NQKV: tl.constexpr,
-        HQ: tl.constexpr,
-        I: tl.constexpr,
-        V: tl.constexpr,
-        HAS_PROJ: tl.constexpr,
-        LINE: tl.constexpr,
-        PBLK: tl.constexpr,
-    ):
-        """Prefetch this program's share (1 / nprog, in ``LINE``-element cache lines) of phase
-        ``q``'s weights (:func:`_cp_step_kernel`'s numbering, modulo the phase count) into L2.
-        The weights never change, so this needs no barrier: it runs ahead of the phase that
-        reads them, while the programs compute or wait for each other."""
-        q = q % NPH
-        base = head_ptr
-        n = pid * 0  # elements to prefetch (none for attention, or phase 0 without projection)
-        if q == 0:
-            if HAS_PROJ:
-                base = pw_ptr
-                n += D * TD
-        elif q == NPH - 1:
-            n += V * D
-        else:
-            li = (q - 1) // 5
-            kind = (q - 1) % 5
-            if kind == 0:
-                base = wqkv_ptr + li * (NQKV * D)
-                n += NQKV * D
-            elif kind == 2:
-                base = wo_ptr + li * (D * HQ)
-                n += D * HQ
-            elif kind == 3:
-                base = wgu_ptr + li * (2 * I * D)
-                n += 2 * I * D
-            elif kind == 4:
-                base = wd_ptr + li * (D * I)
-                n += D * I
-        lines = (n + LINE - 1) // LINE
-        per = (lines + nprog - 1) // nprog
-        lo = pid * per
-        hi = tl.minimum(lo + per, lines)
-        for c in range(lo, hi, PBLK):
-            ln = tl.minimum(c + tl.arange(0, PBLK), hi - 1)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1]; mov.u32 $0, 0;",
-                "=r,l",
-                [base + ln.to(tl.int64) * LINE],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )
-
-    @triton.jit
-    def _cp_step_kernel(
-        xa_ptr,
-        qkv_ptr,
-        att_ptr,
-        xb_ptr,
-        act_ptr,
-        codes_ptr,
-        table_ptr,
-        pw_ptr,
-        pb_ptr,
-        wqkv_ptr,
-        qkw_ptr,
-        wo_ptr,
-        wgu_ptr,
-        wd_ptr,
-        head_ptr,
-        logits_ptr,
-        cos_ptr,
-        sin_ptr,
-        kc_ptr,
-        vc_ptr,
-        sync_ptr,
-        fault_ptr,
-        B,
-        p0,
-        ph_lo,
-        ph_hi,
-        stride_cl,
-        stride_cb,
-        stride_ch,
-        stride_cp,
-        eps,
-        scale,
-        L: tl.constexpr,
-        D: tl.constexpr,
-        TD: tl.constexpr,
-        H: tl.constexpr,
-        KVH: tl.constexpr,
-        HD: tl.constexpr,
-        I: tl.constexpr,
-        V: tl.constexpr,
-        T: tl.constexpr,
-        P: tl.constexpr,
-        HAS_PROJ: tl.constexpr,
-        PROJ_BIAS: tl.constexpr,
-        UPCAST: tl.constexpr,
-        IEEE: tl.constexpr,
-        BM: tl.constexpr,
-        BN: tl.constexpr,
-        BNN: tl.constexpr,
-        BK: tl.constexpr,
-        SYNC: tl.constexpr,
-        AHEAD: tl.constexpr,
-        LINE: tl.constexpr,
-        SPIN: tl.constexpr,
-    ):
-        """One residual step of the code predictor, phases ``ph_lo .. ph_hi - 1`` of:
-
-        * 0: the step's input, ``xa = table[codes] @ pw.T + pb`` (``HAS_PROJ``; otherwise the
-          caller wrote ``xa``);
-        * ``1 + 5 i + k`` for layer ``i``: k = 0 the q/k/v GEMM with the input norm folded in
-          (``qkv``); 1 attention (:func:`_cp_attn_item`, one item per (row, kv head)) into
-          ``att``; 2 o_proj + residual (``xb``); 3 gate/up with the post-attention norm folded
-          in + SwiGLU (``act``); 4 down + residual (``xa``);
-        * ``1 + 5 L``: the final norm (folded into ``head``) + the step's head on each row's
-          last position, fp32 ``logits [B, V]``.
-
-        Each phase's tiles (or attention items) are spread over the programs, ``pid, pid +
-        nprog, ...``. ``SYNC``: one launch runs all its phases, a grid barrier
-        (:func:`_grid_sync`, counter ``sync_ptr``) between consecutive ones, so the programs
-        must all be resident (the grid at most one program per multiprocessor); without it
-        the caller launches one phase at a time (Triton's interpreter, which runs programs one
-        after another). ``AHEAD`` > 0: at each phase's start the programs prefetch the weights
-        of the phase ``AHEAD`` on into L2 (:func:`_prefetch_phase`; the first ``AHEAD`` at the
-        launch's start), so the DRAM reads of the next phases run under this one and its
-        barrier. The arithmetic is :func:`_linear_kernel`'s and :func:`_cp_attn_kernel`'s."""
-        NPH: tl.constexpr = 2 + 5 * L
-        NQKV: tl.constexpr = (H + 2 * KVH) * HD
-        HQ: tl.constexpr = H * HD
-        PBLK: tl.constexpr = 128
-        pid = tl.program_id(0)
-        nprog = tl.num_programs(0)
-        M = B * T
-        nm = (M + BM - 1) // BM
-        if AHEAD > 0:
-            for q in range(ph_lo, ph_lo + AHEAD):
-                _prefetch_phase(
-                    q,
-                    pid,
-                    nprog,
-                    pw_ptr,
-                    wqkv_ptr,
-                    wo_ptr,
-                    wgu_ptr,
-                    wd_ptr,
-                    head_ptr,
-                    NPH,
-                    D,
-                    TD,
-                    NQKV,
-                    HQ,
-                    I,
-                    V,
-                    HAS_PROJ,
-                    LINE,
-                    PBLK,
-                )
-        for ph in range(ph_lo, ph_hi):
-            if SYNC:
-                if ph > ph_lo:
-                    _grid_sync(sync_ptr, fault_ptr, (ph - ph_lo) * nprog, SPIN)
-            if AHEAD > 0:
-                _prefetch_phase(
-                    ph + AHEAD,
-                    pid,
-                    nprog,
-                    pw_ptr,
-                    wqkv_ptr,
-                    wo_ptr,
-                    wgu_ptr,
-                    wd_ptr,
-                    head_ptr,
-                    NPH,
-                    D,
-                    TD,
-                    NQKV,
-                    HQ,
-                    I,
-                    V,
-                    HAS_PROJ,
-                    LINE,
-                    PBLK,
-                )
-            if ph == 0:
-                nn_in: tl.constexpr = (D + BNN - 1) // BNN
-                for t_in in range(pid, nn_in * ((B + BM - 1) // BM), nprog):
-                    _linear_tile(
-                        table_ptr,
-                        codes_ptr,
-                        pw_ptr,
-                        pb_ptr,
-                        xa_ptr,
-                        xa_ptr,
-                        t_in % nn_in,
-                        t_in // nn_in,
-                        B,
-                        D,
-                        TD,
-                        TD,
-                        0,
-                        D,
-                        eps,
-                        True,
-                        False,
-                        False,
-                        PROJ_BIAS,
-                        False,
-                        UPCAST,
-                        IEEE,
-                        BM,
-                        BNN,
-                        BK,
-                        True,
-                    )
-            elif ph == NPH - 1:
-                nn_hd: tl.constexpr = (V + BN - 1) // BN
-                for t_hd in range(pid, nn_hd * ((B + BM - 1) // BM), nprog):
-                    _linear_tile(
-                        xa_ptr + (T - 1) * D,
-                        codes_ptr,
-                        head_ptr,
-                        head_ptr,
-                        head_ptr,
-                        logits_ptr,
-                        t_hd % nn_hd,
-                        t_hd // nn_hd,
-                        B,
-                        V,
-                        D,
-                        T * D,
-                        0,
-                        V,
-                        eps,
-                        False,
-                        True,
-                        False,
-                        False,
-                        False,
-                        UPCAST,
-                        IEEE,
-                        BM,
-                        BN,
-                        BK,
-                        True,
-                    )
-            else:
-                li = (ph - 1) // 5
-                kind = (ph - 1) % 5
-                if kind == 0:
-                    nn_q: tl.constexpr = (NQKV + BN - 1) // BN
-                    w_q = wqkv_ptr + li * (NQKV * D)
-                    for t_q in range(pid, nn_q * nm, nprog):
-                        _linear_tile(
-                            xa_ptr,
-                            codes_ptr,
-                            w_q,
-                            w_q,
-                            w_q,
-                            qkv_ptr,
-                            t_q % nn_q,
-                            t_q // nn_q,
-                            M,
-                            NQKV,
-                            D,
-                            D,
-                            0,
-                            NQKV,
-                            eps,
-                            False,
-                            True,
-                            False,
-                            False,
-                            False,
-                            UPCAST,
-                            IEEE,
-                            BM,
-                            BN,
-                            BK,
-                            True,
-                        )
-                elif kind == 1:
-                    for it in range(pid, B * KVH, nprog):
-                        _cp_attn_item(
-                            qkv_ptr,
-                            qkw_ptr + li * ((H + KVH) * HD),
-                            cos_ptr,
-                            sin_ptr,
-                            kc_ptr + li * stride_cl,
-                            vc_ptr + li * stride_cl,
-                            att_ptr,
-                            it // KVH,
-                            it % KVH,
-                            p0,
-                            NQKV,
-                            HQ,
-                            stride_cb,
-                            stride_ch,
-                            stride_cp,
-                            eps,
-                            scale,
-                            T,
-                            H,
-                            KVH,
-                            HD,
-                            P,
-                            True,
-                        )
-                elif kind == 2:
-                    nn_o: tl.constexpr = (D + BNN - 1) // BNN
-                    w_o = wo_ptr + li * (D * HQ)
-                    for t_o in range(pid, nn_o * nm, nprog):
-                        _linear_tile(
-                            att_ptr,
-                            codes_ptr,
-                            w_o,
-                            w_o,
-                            xa_ptr,
-                            xb_ptr,
-                            t_o % nn_o,
-                            t_o // nn_o,
-                            M,
-                            D,
-                            HQ,
-                            HQ,
-                            D,
-                            D,
-                            eps,
-                            False,
-                            False,
-                            False,
-                            False,
-                            True,
-                            UPCAST,
-                            IEEE,
-                            BM,
-                            BNN,
-                            BK,
-                            True,
-                        )
-                elif kind == 3:
-                    nn_g: tl.constexpr = (I + BN - 1) // BN
-                    w_g = wgu_ptr + li * (2 * I * D)
-                    for t_g in range(pid, nn_g * nm, nprog):
-                        _linear_tile(
-                            xb_ptr,
-                            codes_ptr,
-                            w_g,
-                            w_g,
-                            w_g,
-                            act_ptr,
-                            t_g % nn_g,
-                            t_g // nn_g,
-                            M,
-                            I,
-                            D,
-                            D,
-                            0,
-                            I,
-                            eps,
-                            False,
-                            True,
-                            True,
-                            False,
-                            False,
-                            UPCAST,
-                            IEEE,
-                            BM,
-                            BN,
-                            BK,
-                            True,
-                        )
-                else:
-                    nn_d: tl.constexpr = (D + BNN - 1) // BNN
-                    w_d = wd_ptr + li * (D * I)
-                    for t_d in range(pid, nn_d * nm, nprog):
-                        _linear_tile(
-                            act_ptr,
-                            codes_ptr,
-                            w_d,
-                            w_d,
-                            xb_ptr,
-                            xa_ptr,
-                            t_d % nn_d,
-                            t_d // nn_d,
-                            M,
-                            D,
-                            I,
-                            I,
-                            D,
-                            D,
-                            eps,
-                            False,
-                            False,
-                            False,
-                            False,
-                            True,
-                            UPCAST,
-                            IEEE,
-                            BM,
-                            BNN,
-                            BK,
-                            True,
-                        )
 
 
 def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
@@ -1536,239 +976,3 @@ def decode_attention(
                 **_launch_opts(pdl),
             )
     return o
-
-
-SYNC_SPIN = 1 << 22  # polls of a grid barrier before it gives up and flags a fault (seconds)
-CP_AHEAD = 1  # phases the persistent code-predictor kernel prefetches its weights ahead (0: none)
-
-
-def cp_phases(layers: int) -> int:
-    """Phases of one residual step in :func:`cp_step`: the input, five per layer, the head."""
-    return 2 + 5 * layers
-
-
-def cp_grid(device: torch.device) -> int:
-    """Programs of a synchronised :func:`cp_step` launch: one per multiprocessor, so that all are
-    resident at once (its grid barriers wait for every program); 3 off the GPU (the
-    interpreter's tests, several tiles per program)."""
-    return _sm_count(device) if device.type == "cuda" else 3
-
-
-def cp_tiles(M: int, elt: int, smem: Optional[int]) -> tuple:
-    """(BM, BN, BN_narrow, BK, num_stages) of :func:`cp_step` for ``M`` rows: the row tile of
-    :func:`tiles` (16 rows up to 16, 64 above), 32-wide output tiles for the wide GEMMs (q/k/v,
-    gate/up, the head) and 16-wide ones for those with the model width as outputs (o_proj, down,
-    the input projection), which have a quarter as many outputs for a comparable weight; stages
-    cut to fit ``smem`` as in :func:`tiles` (two weight tiles per stage for gate/up)."""
-    BM = 16 if M <= 16 else 64
-    BK = 256 if BM == 16 else 128
-    stages = 3
-    if smem is not None:
-        while stages * (BM * BK + 2 * BK * 32) * elt > smem and (stages > 2 or BK > 32):
-            if stages > 2:
-                stages -= 1
-            else:
-                BK //= 2
-    return BM, 32, 16, BK, stages
-
-
-def cp_step(
-    bufs: dict,
-    weights: dict,
-    head: torch.Tensor,
-    logits: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    sync: torch.Tensor,
-    fault: torch.Tensor,
-    B: int,
-    T: int,
-    p0: int,
-    eps: float,
-    heads: int,
-    kv_heads: int,
-    codes: Optional[torch.Tensor] = None,
-    table: Optional[torch.Tensor] = None,
-    synced: Optional[bool] = None,
-    grid: Optional[int] = None,
-    ahead: Optional[int] = None,
-    config: Optional[tuple] = None,
-) -> None:
-    """One residual step of the code predictor (:func:`_cp_step_kernel`) for ``B`` rows of ``T``
-    new positions ``p0 ..``: one persistent launch whose phases are separated by grid barriers
-    (``synced``, default on the GPU), or one launch per phase (the default in Triton's
-    interpreter, and an A/B on the GPU).
-
-    ``bufs``: the activations, ``xa [>= B*T, D]`` (the step's input rows when ``codes`` is None;
-    the residual stream), ``qkv``, ``att``, ``xb``, ``act``. ``weights``: the layers stacked,
-    ``wqkv [L, (H + 2 KV) hd, D]`` and ``wgu [L, 2 I, D]`` with their norms folded in
-    (:func:`fold_norm`), ``wo [L, D, H hd]``, ``wd [L, D, I]``, ``qkw [L, H + KV, hd]``, and the
-    input projection ``pw [D, TD]`` / ``pb [D]`` (None: none). ``codes [B]`` with ``table [*,
-    TD]``: the step's input is ``table[codes] @ pw.T + pb`` (phase 0). ``head [V, D]`` (the final
-    norm folded in) writes ``logits [B, V]`` (fp32) from each row's last position. ``k_cache`` /
-    ``v_cache [L, B', KV, P, hd]``; ``sync``: an int32 counter that is 0 on entry (the caller
-    zeroes it; a synchronised launch leaves ``(phases - 1) * grid`` in it); ``fault``: int32,
-    set to 1 where a barrier gave up (:data:`SYNC_SPIN`). ``config``: (BM, BN, BN_narrow, BK,
-    num_stages, num_warps) instead of :func:`cp_tiles`' and 4 warps (for tuning,
-    ``scripts/cp_probe.py``); ``grid``: programs instead of :func:`cp_grid`'s (all must be
-    resident at once)."""
-    xa, qkv, att, xb, act = (bufs[k] for k in ("xa", "qkv", "att", "xb", "act"))
-    wqkv, wo, wgu, wd, qkw = (weights[k] for k in ("wqkv", "wo", "wgu", "wd", "qkw"))
-    pw, pb = weights.get("pw"), weights.get("pb")
-    L, _, D = wqkv.shape
-    I = wgu.shape[1] // 2  # noqa: E741
-    V = head.shape[0]
-    P, hd = cos.shape
-    M = B * T
-    gather = codes is not None
-    assert not gather or (pw is not None and table is not None and T == 1)
-    assert xa.shape[0] >= M and logits.shape[0] >= B and logits.stride(0) == V
-    assert all(t.is_contiguous() for t in (xa, qkv, att, xb, act, wqkv, wo, wgu, wd, qkw, head, logits))
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and p0 + T <= P
-    assert wqkv.shape[1] == (heads + 2 * kv_heads) * hd and wo.shape[2] == heads * hd
-    dev = xa.device
-    smem = _smem_limit(dev)
-    BM, BN, BNN, BK, stages, warps = config or (*cp_tiles(M, wqkv.element_size(), smem), 4)
-    nph = cp_phases(L)
-    first = 0 if gather else 1
-    if synced is None:
-        synced = not _INTERPRET
-    n = grid or cp_grid(dev)
-    ahead = (CP_AHEAD if ahead is None else ahead) if dev.type == "cuda" and not _INTERPRET else 0
-    dummy = wqkv
-    spans = [(first, nph)] if synced else [(p, p + 1) for p in range(first, nph)]
-    with _on(xa):
-        for lo, hi in spans:
-            _cp_step_kernel[(n,)](
-                xa,
-                qkv,
-                att,
-                xb,
-                act,
-                codes if gather else sync,
-                table if gather else dummy,
-                pw if pw is not None else dummy,
-                pb if pb is not None else dummy,
-                wqkv,
-                qkw,
-                wo,
-                wgu,
-                wd,
-                head,
-                logits,
-                cos,
-                sin,
-                k_cache,
-                v_cache,
-                sync,
-                fault,
-                B,
-                int(p0),
-                lo,
-                hi,
-                k_cache.stride(0),
-                k_cache.stride(1),
-                k_cache.stride(2),
-                k_cache.stride(3),
-                float(eps),
-                float(hd) ** -0.5,
-                L=L,
-                D=D,
-                TD=pw.shape[1] if pw is not None else D,
-                H=heads,
-                KVH=kv_heads,
-                HD=hd,
-                I=I,
-                V=V,
-                T=T,
-                P=P,
-                HAS_PROJ=pw is not None,
-                PROJ_BIAS=pb is not None,
-                UPCAST=_INTERPRET,
-                IEEE=wqkv.dtype == torch.float32,
-                BM=BM,
-                BN=BN,
-                BNN=BNN,
-                BK=BK,
-                SYNC=synced,
-                AHEAD=ahead,
-                LINE=128 // wqkv.element_size(),
-                SPIN=SYNC_SPIN,
-                num_warps=warps,
-                num_stages=stages,
-            )
-
-
-def cp_self_test(device: torch.device, dtype: torch.dtype) -> Optional[str]:
-    """Run :func:`cp_step` on a small random problem (two layers, a gather step) as one
-    synchronised launch and as one launch per phase, on ``device``: the reason the persistent
-    kernel cannot be used here, or None. Checks that both give the same logits and cache rows,
-    that every program crossed every barrier (the counter ends at ``(phases - 1) * grid``)
-    and that no barrier gave up. Off the GPU (the interpreter cannot cross a barrier) there is
-    nothing to check: None."""
-    if device.type != "cuda" or _INTERPRET:
-        return None
-    try:
-        g = torch.Generator(device="cpu").manual_seed(0)
-        L, D, H, KVH, HD, I, V, TD, B, P = 2, 64, 4, 2, 32, 96, 48, 80, 3, 16
-        r = lambda *s, sc=0.2: (torch.randn(*s, generator=g) * sc).to(device, dtype)  # noqa: E731
-        w = {
-            "wqkv": r(L, (H + 2 * KVH) * HD, D),
-            "wo": r(L, D, H * HD),
-            "wgu": r(L, 2 * I, D),
-            "wd": r(L, D, I),
-            "qkw": (torch.rand(L, H + KVH, HD, generator=g) + 0.5).to(device, dtype),
-            "pw": r(D, TD),
-            "pb": r(D),
-        }
-        head, table = r(V, D), r(11, TD, sc=1.0)
-        cos, sin = r(P, HD, sc=1.0), r(P, HD, sc=1.0)
-        codes = torch.tensor([3, 0, 10], device=device)
-        res = []
-        for synced in (False, True):
-            bufs = {
-                k: torch.zeros(B, n, device=device, dtype=dtype)
-                for k, n in (("xa", D), ("qkv", (H + 2 * KVH) * HD), ("att", H * HD), ("xb", D), ("act", I))
-            }
-            kc = torch.zeros(L, B, KVH, P, HD, device=device, dtype=dtype)
-            vc = torch.zeros_like(kc)
-            logits = torch.zeros(B, V, device=device, dtype=torch.float32)
-            sync = torch.zeros(1, device=device, dtype=torch.int32)
-            fault = torch.zeros(1, device=device, dtype=torch.int32)
-            cp_step(
-                bufs,
-                w,
-                head,
-                logits,
-                cos,
-                sin,
-                kc,
-                vc,
-                sync,
-                fault,
-                B,
-                1,
-                4,
-                1e-6,
-                H,
-                KVH,
-                codes=codes,
-                table=table,
-                synced=synced,
-            )
-            torch.cuda.synchronize(device)
-            res.append((logits, kc, vc, int(sync.item()), int(fault.item())))
-    except Exception as e:  # noqa: BLE001 - any failure to compile or launch is the answer
-        return f"the persistent code-predictor kernel does not compile or run here ({type(e).__name__}: {str(e)[:300]})"
-    (l0, k0, v0, _, _), (l1, k1, v1, count, fault) = res
-    want = (cp_phases(L) - 1) * cp_grid(device)
-    if fault or count != want:
-        return (
-            f"the persistent code-predictor kernel's grid barriers failed (count {count}, want {want}; fault {fault})"
-        )
-    err = max(float((a.float() - b.float()).abs().max()) for a, b in ((l0, l1), (k0, k1), (v0, v1)))
-    if not err <= 1e-3 * max(1.0, float(l0.abs().max())):
-        return f"the persistent code-predictor kernel's one launch differs from its launch per phase by {err:g}"
-    return None

@@ -186,12 +186,6 @@ class NativeModel:
             with torch.no_grad():
                 self.cp_folded, self.tk_folded = _folded(self.cp_layers), _folded(self.layers)
                 self.cp_heads = [nk.fold_norm(h.weight, self.cp_norm_w) for h in talker.code_predictor.lm_head]
-        self.cp_persistent = self.triton_kernels and cfg.cp_kernel == "persistent"
-        if self.cp_persistent:
-            why = nk.cp_self_test(torch.device(dev), self.dtype)
-            if why:
-                raise EngineError(f"NativeEngineConfig.cp_kernel='persistent': {why}; use cp_kernel='layers'")
-            self._init_cp_persistent()
         if self.fast:  # the 15 residual tables stacked; the modules keep views of it (no copy)
             tables = talker.code_predictor.model.codec_embedding
             with torch.no_grad():
@@ -199,47 +193,6 @@ class NativeModel:
             for j, e in enumerate(tables):
                 e.weight = torch.nn.Parameter(self.res_tables[j], requires_grad=False)
             self.res_offsets = torch.arange(self.R, device=dev) * self.cpV
-
-    def _init_cp_persistent(self) -> None:
-        """The persistent code-predictor kernel's inputs (``cp_kernel="persistent"``): each
-        weight kind of the five layers stacked into one tensor (the folded q/k/v and gate/up
-        lists become views of theirs, no second copy; o_proj and down are copied, 52 MB at
-        1.7B), the heads stacked, the activation buffers for ``2 * max_num_seqs`` rows (the
-        first step's two positions per row), one barrier counter per residual step and the
-        fault flag (``part_sample`` adds it to the done column, the engine reports it)."""
-        cp, dev, dt = self.talker.code_predictor, self.device, self.dtype
-        lys = self.cp_layers
-        eps = {ly.eps for ly in lys}
-        if len(eps) != 1:
-            raise EngineError(f"cp_kernel='persistent' needs one norm eps for all code-predictor layers, got {eps}")
-        self.cp_eps = eps.pop()
-        with torch.no_grad():
-            w = {
-                "wqkv": torch.stack([f[0] for f in self.cp_folded]),
-                "wgu": torch.stack([f[1] for f in self.cp_folded]),
-                "wo": torch.stack([ly.wo for ly in lys]),
-                "wd": torch.stack([ly.wdown for ly in lys]),
-                "qkw": torch.stack([ly.qk_w for ly in lys]),
-            }
-            self.cp_folded = [(w["wqkv"][i], w["wgu"][i]) for i in range(len(lys))]
-            heads = torch.stack(self.cp_heads)
-            self.cp_heads = list(heads.unbind(0))
-        proj = cp.small_to_mtp_projection
-        w["pw"], w["pb"] = getattr(proj, "weight", None), getattr(proj, "bias", None)
-        self.cp_weights = w
-        rows, D = 2 * self.S, self.cpc.hidden_size
-        ly = lys[0]
-        e = lambda n: torch.zeros(rows, n, device=dev, dtype=dt)  # noqa: E731
-        self.cp_bufs = {
-            "xa": e(D),
-            "qkv": e((ly.heads + 2 * ly.kv_heads) * ly.head_dim),
-            "att": e(ly.heads * ly.head_dim),
-            "xb": e(D),
-            "act": e(ly.inter),
-        }
-        self.cp_logits = torch.zeros(self.S, self.cpV, device=dev, dtype=torch.float32)
-        self.cp_sync = torch.zeros(self.R, device=dev, dtype=torch.int32)
-        self.cp_fault = torch.zeros(1, device=dev, dtype=torch.int32)
 
     # -- slot management --------------------------------------------------------------------
     def reset_slot(self, s: int) -> None:
@@ -430,8 +383,6 @@ class NativeModel:
     def part_code_predictor(self, B: int, top_p: bool = True) -> None:
         """(h, c0) -> residual codes; writes ``frames[:B]``. ``top_p=False``: every sampled row
         has ``sub_top_p == 1`` (chosen on the host, as for :meth:`part_sample`)."""
-        if self.cp_persistent:
-            return self._code_predictor_persistent(B, top_p)
         if self.triton_kernels:
             return self._code_predictor_triton(B, top_p)
         cp = self.talker.code_predictor
@@ -506,50 +457,6 @@ class NativeModel:
                     x = nk.linear(table, proj_w, rows=c, bias=proj_b)
         self.frames[sl].copy_(torch.stack(codes, dim=1))
 
-    def _code_predictor_persistent(self, B: int, top_p: bool) -> None:
-        """:meth:`part_code_predictor` with one persistent kernel per residual step
-        (:func:`kernels.cp_step`: the step's input projection, five phases per layer and the
-        norm + head, grid barriers between them), then the draw; the arithmetic of
-        :meth:`_code_predictor_triton`."""
-        m = self.talker.code_predictor.model
-        sl = slice(0, B)
-        c0, noise, x = self._cp_inputs(B)
-        bufs = self.cp_bufs
-        bufs["xa"][: 2 * B].copy_(x.reshape(2 * B, -1))
-        self.cp_sync.zero_()
-        ly = self.cp_layers[0]
-        identity = self.cp_weights["pw"] is None
-        codes = [c0]
-        c = None
-        for j in range(1, self.R + 1):
-            p0, t = (0, 2) if j == 1 else (j, 1)
-            gather = j > 1 and not identity
-            if j > 1 and identity:  # equal widths: the next input is the embedding row itself
-                bufs["xa"][:B].copy_(m.codec_embedding[j - 2].weight.index_select(0, c))
-            nk.cp_step(
-                bufs,
-                self.cp_weights,
-                self.cp_heads[j - 1],
-                self.cp_logits,
-                self.cp_cos,
-                self.cp_sin,
-                self.cp_k,
-                self.cp_v,
-                self.cp_sync[j - 1 : j],
-                self.cp_fault,
-                B,
-                t,
-                p0,
-                self.cp_eps,
-                ly.heads,
-                ly.kv_heads,
-                codes=c.contiguous() if gather else None,
-                table=m.codec_embedding[j - 2].weight if gather else None,
-            )
-            c = self.sample_residual(B, self.cp_logits[sl], noise[:, j - 1], top_p)
-            codes.append(c)
-        self.frames[sl].copy_(torch.stack(codes, dim=1))
-
     def _embed_frame(self, frames: torch.Tensor) -> torch.Tensor:
         tk = self.talker
         if self.fast:
@@ -620,8 +527,6 @@ class NativeModel:
         c0n = self.sample_c0(B, self.logits[sl], ngen, top_p)
         self.out[sl, : self.G].copy_(self.frames[sl])
         self.out[sl, self.G].copy_((c0n == self.eos).to(torch.int64))
-        if self.cp_persistent:  # a grid barrier that gave up: 2 added to every row's done column
-            self.out[sl, self.G].add_(self.cp_fault.to(torch.int64) * 2)
         self.presence[sl].scatter_(1, c0n[:, None], True)
         self.h[sl].copy_(self.h_new[sl])
         self.c0[sl].copy_(c0n)

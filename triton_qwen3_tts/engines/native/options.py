@@ -2,9 +2,6 @@
 (``serving/settings.py``) and the benchmarks' argument parsers can list them without loading it."""
 
 KERNELS = ("torch", "triton")  # NativeEngineConfig.kernels: the decode step's layers
-# NativeEngineConfig.cp_kernel with kernels "triton": the code predictor as five kernels per layer
-# ("layers") or one persistent kernel per residual step ("persistent")
-CP_KERNELS = ("layers", "persistent")
 PDL_MODES = ("off", "on", "prefetch")  # kernels.set_pdl: programmatic dependent launch of the kernels
 # kernels.set_decode_attention: the talker's decode attention with kernels "triton"
 DECODE_ATTENTION_MODES = ("triton", "sdpa")

@@ -65,10 +65,6 @@ async def make_engine(cfg: TalkerModelConfig):
     extra = {}
     if cfg.batch_buckets():
         extra["batch_buckets"] = cfg.batch_buckets()
-    kernels = native_kernels(cfg)
-    cp_kernel = cfg.native_cp_kernel if kernels == "triton" else "layers"
-    if cp_kernel != cfg.native_cp_kernel:
-        log.warning("native_cp_kernel %s: not used, the decode step runs on the torch blocks", cfg.native_cp_kernel)
     engine = await NativeEngine.create(
         cfg.checkpoint,
         NativeEngineConfig(
@@ -79,8 +75,7 @@ async def make_engine(cfg: TalkerModelConfig):
             cuda_graphs=not cfg.enforce_eager,
             seed=cfg.seed,
             compile=cfg.native_compile and cfg.device.startswith("cuda"),
-            kernels=kernels,
-            cp_kernel=cp_kernel,
+            kernels=native_kernels(cfg),
             overlap_steps=cfg.native_overlap,
             loop_thread=cfg.native_loop_thread,
             prefill_kernel_rows=cfg.native_prefill_kernel_rows,
