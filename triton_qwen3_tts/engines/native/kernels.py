@@ -142,10 +142,10 @@ def unavailable_reason(device: torch.device) -> Optional[str]:
 
 
 def self_test(device: torch.device, dtype: torch.dtype) -> Optional[str]:
-    """Compile and run :func:`linear` once on a small problem (Triton compiles a launcher with the
-    system's C compiler the first time): the reason it cannot run, or None. Checks the result
-    against torch, so a broken toolchain fails the engine's load with a message instead of its
-    first request."""
+    """Compile and run :func:`linear` once on a small problem and once on one row of it (the
+    few-row kernel, :data:`GEMV_ROWS`); Triton compiles a launcher with the system's C compiler
+    the first time. The reason it cannot run, or None. Checks the results against torch, so a
+    broken toolchain fails the engine's load with a message instead of its first request."""
 
     def run() -> Optional[str]:
         try:
@@ -155,6 +155,9 @@ def self_test(device: torch.device, dtype: torch.dtype) -> Optional[str]:
             y = linear(x, w, out_dtype=torch.float32)
             ref = x.float() @ w.float().T
             err = float((y - ref).abs().max())
+            if GEMV_ROWS >= 1:  # the few-row kernel too, where one row runs on it
+                y1 = linear(x[:1], w, out_dtype=torch.float32)
+                err = max(err, float((y1 - ref[:1]).abs().max()))
         except Exception as e:  # noqa: BLE001 - any failure to compile or launch is the answer
             return f"the kernels do not compile or run here ({type(e).__name__}: {str(e)[:300]})"
         if not err < 0.05:
