@@ -374,6 +374,10 @@ def check_bench_parity(out: dict) -> None:
     out["bench_parity_greedy"] = res["greedy"]["identical_share"]
     out["bench_parity_sampled"] = res["sampled"]["identical_share"]
     out["bench_parity_codes"] = res["greedy"]["codes"]
+    # one row per call (--cp-parity-rows 1): the code predictor's GEMMs on the few-row kernel
+    res = cp_parity(NativeModel(talker, cfg, 0), cfg, frames=3, batch=1)
+    out["bench_parity_one_row"] = [res["greedy"]["identical_share"], res["sampled"]["identical_share"]]
+    out["bench_parity_one_row_codes"] = res["greedy"]["codes"]
 
 
 CHECKS = {

@@ -137,6 +137,9 @@ def test_engine_greedy_frames_equal_the_reference(interp):
 def test_benchmark_parity_counts_codes(interp):
     assert interp["bench_parity_codes"] == 4 * 15
     assert interp["bench_parity_greedy"] == 1.0 and interp["bench_parity_sampled"] == 1.0
+    # one row per call: the few-row kernel's codes equal the torch path's in fp32
+    assert interp["bench_parity_one_row_codes"] == 3 * 15
+    assert interp["bench_parity_one_row"] == [1.0, 1.0]
 
 
 SHAPES = [  # (N, K, swiglu) of the 1.7B decode GEMMs (code predictor, then talker)

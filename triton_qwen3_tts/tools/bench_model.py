@@ -415,7 +415,7 @@ def profile_step(args) -> dict:
     prefill_rows = profile_prefill(args, m, cfg) if args.profile_prefill else []
     out = {"profile_step": rows, "profile_prefill": prefill_rows, "knobs": native_knobs(args)}
     if args.cp_parity:
-        out["cp_parity"] = cp_parity(m, cfg, args.cp_parity)
+        out["cp_parity"] = cp_parity(m, cfg, args.cp_parity, batch=args.cp_parity_rows)
     return out
 
 
@@ -791,6 +791,14 @@ def parse_args(argv=None):
         default=0,
         metavar="FRAMES",
         help="--profile-step: also compare the code predictor's torch and triton codes over FRAMES frames",
+    )
+    ap.add_argument(
+        "--cp-parity-rows",
+        type=int,
+        default=0,
+        metavar="ROWS",
+        help="--cp-parity: rows per code-predictor call (default: the engine's slots); 1 compares the one-row "
+        "kernels (the few-row GEMM kernel, engines/native/kernels.py GEMV_ROWS)",
     )
     ap.add_argument(
         "--batch-buckets",
