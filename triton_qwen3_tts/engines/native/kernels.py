@@ -29,8 +29,8 @@ PyTorch's SDPA over the masked context bucket took a third of the talker's time 
 
 GEMMs of at most :data:`GEMV_ROWS` rows (one row per stream at batch 1; the code predictor's
 first step has two) run on :func:`_gemv_kernel` instead: the tiled kernel is latency-bound at
-such sizes (one program per 32 outputs, one memory latency per K tile: about 1 TB/s of the
-H200's 4.3), where the few-row kernel's many small programs each load whole weight rows at once
+such sizes (about 1 TB/s of the H200's 4.3: too few loads in flight per multiprocessor), where
+the few-row kernel's many small programs each load whole weight rows at once
 (run 36d: 4.0-6.8 us per code-predictor GEMM at one row against 6.1-15.7, the frame step at
 one row 5.34 -> 3.61 ms).
 
@@ -86,7 +86,7 @@ _PDL_DEVICES: dict = {}  # device index -> capability >= 9.0
 # linear() with at most this many rows runs on _gemv_kernel (whole weight rows per program, no
 # K loop, no tensor cores) instead of _linear_kernel; 0: never. Set before CUDA-graph capture.
 # 2: on the H200 (run 36d, cold weights) one row took 4.0-6.8 us per code-predictor GEMM where
-# the tiled kernel took 6.1-15.7, each further row about 1-3 us more, so 8 rows lost (gate/up
+# the tiled kernel took 6.1-15.7, each further row about 0.5-3 us more, so 8 rows lost (gate/up
 # 23.9 against 10.6 us); one row of the code predictor's first step is two positions
 GEMV_ROWS = 2
 
