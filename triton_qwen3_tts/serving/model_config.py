@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Type, TypeVar
 
 from triton_qwen3_tts.model.config import GenerationDefaults
 
-from triton_qwen3_tts.serving.settings import choices, default, device_dtype
+from triton_qwen3_tts.serving.settings import choices, default, device_dtype, int_list
 from triton_qwen3_tts.serving.tts.admission import AdmissionConfig
 from triton_qwen3_tts.serving.tts.router import DeviceError, parse_gpus
 from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES, Sampling, TtsLimits
@@ -79,7 +79,7 @@ def _convert(name: str, raw: str, typ, default):
         if typ is float or isinstance(default, float):
             return float(s)
         if isinstance(default, tuple):
-            return tuple(int(x) for x in s.replace(" ", "").split(",") if x)
+            return int_list(s)
         return s
     except ValueError as e:
         raise ModelConfigError(f"parameter '{name}': cannot parse {raw!r} ({e})") from None
@@ -166,7 +166,7 @@ class TalkerModelConfig:
     fused_ride_along: str = default("fused_ride_along")
     fused_first_on_device: bool = default("fused_first_on_device")
     first_chunk_frames: int = default("first_chunk_frames")
-    chunk_ramp: tuple = tuple(int(x) for x in default("chunk_ramp").split(","))
+    chunk_ramp: tuple = int_list(default("chunk_ramp"))
     chunk_frames: int = default("chunk_frames")
     codec_dtype: str = default("codec_dtype")
     codec_cuda_graphs: bool = default("codec_cuda_graphs")
@@ -350,7 +350,7 @@ class TtsModelConfig:
     ref_min_seconds: float = 1.0
     ref_max_seconds: float = 30.0
     first_chunk_frames: int = default("first_chunk_frames")
-    chunk_ramp: tuple = tuple(int(x) for x in default("chunk_ramp").split(","))
+    chunk_ramp: tuple = int_list(default("chunk_ramp"))
     chunk_frames: int = default("chunk_frames")
     left_context_frames: int = default("left_context_frames")
     codec_frame_buckets: tuple = ()

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import Dict, Tuple
 
 from triton_qwen3_tts.model.config import Qwen3TTSConfig
-from triton_qwen3_tts.serving.settings import SETTINGS, SettingError, check, device_dtype
+from triton_qwen3_tts.serving.settings import SETTINGS, SettingError, check, device_dtype, int_list
 
 
 def find_templates() -> str:
@@ -40,11 +40,6 @@ TEMPLATES = find_templates()
 
 class RepositoryError(ValueError):
     pass
-
-
-def _ramp(text: str) -> Tuple[int, ...]:
-    """The frame counts of a ``chunk_ramp`` setting ("2, 4,8" -> (2, 4, 8)); ValueError if not ints."""
-    return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
 
 
 def _cross_checks(self) -> None:
@@ -90,7 +85,7 @@ def _cross_checks(self) -> None:
     from triton_qwen3_tts.serving.model_config import ModelConfigError, check_chunk_schedule
 
     try:
-        ramp = _ramp(self.chunk_ramp)
+        ramp = int_list(self.chunk_ramp)
     except ValueError:
         raise RepositoryError(f"chunk_ramp: comma-separated frame counts, got {self.chunk_ramp!r}") from None
     if not ramp:
@@ -369,9 +364,9 @@ def stateful_frame_buckets(s: RepositorySettings) -> str:
     text = s.codec_stateful_frame_buckets.strip()
     try:
         if text:
-            vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+            vals = int_list(text)
         else:
-            vals = tuple(sorted({1, s.first_chunk_frames, s.chunk_frames, *_ramp(s.chunk_ramp)}))
+            vals = tuple(sorted({1, s.first_chunk_frames, s.chunk_frames, *int_list(s.chunk_ramp)}))
         check_stateful_frame_buckets(vals, s.codec_max_frames)
     except (ValueError, ModelConfigError) as e:
         raise RepositoryError(f"codec_stateful_frame_buckets: {e}") from None

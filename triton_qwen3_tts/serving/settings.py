@@ -465,6 +465,13 @@ def check(name: str, value: Any) -> Any:
     return BY_NAME[name].check(value)
 
 
+def int_list(text: str) -> Tuple[int, ...]:
+    """A comma-separated list setting's integers ("2, 4,8" -> (2, 4, 8); spaces and empty items
+    ignored, "" -> ()): the one reading of ``chunk_ramp``-style values, for the repository
+    builder and the models' parameters alike. ValueError where an item is not an int."""
+    return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+
+
 def render_table() -> str:
     """The Markdown table of every setting (README.md, between the settings markers)."""
     rows = ["| flag | default | allowed | what |", "|---|---|---|---|"]
