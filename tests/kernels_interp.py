@@ -19,11 +19,17 @@ import torch.nn.functional as F  # noqa: E402
 
 from triton_qwen3_tts.engines.native import kernels as nk  # noqa: E402
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig  # noqa: E402
-from triton_qwen3_tts.engines.native.layers import CP_POSITIONS, _pre_attn, _attn_math  # noqa: E402
+from triton_qwen3_tts.engines.native.layers import CP_POSITIONS, _attn_math, _pre_attn, _sample_ids  # noqa: E402
 from triton_qwen3_tts.engines.native.model import NativeModel  # noqa: E402
 from triton_qwen3_tts.model import presets  # noqa: E402
 from triton_qwen3_tts.model.config import Qwen3TTSConfig  # noqa: E402
 from triton_qwen3_tts.model.talker import Talker  # noqa: E402
+
+
+# The engine checks draw with the torch function: the interpreter runs the sampling kernel's
+# bitonic top-k reduction by reduction in Python, about 2 s per row and draw (a frame is 16
+# draws). check_sample holds the kernel against that function directly.
+nk.SAMPLE_KERNEL = False
 
 
 def _maxdiff(a, b) -> float:
@@ -380,6 +386,41 @@ def check_bench_parity(out: dict) -> None:
     out["bench_parity_one_row_codes"] = res["greedy"]["codes"]
 
 
+def check_sample(out: dict) -> None:
+    """kernels.sample against layers._sample_ids on the same fp32 scores and noise: a residual
+    vocabulary (2048, without and with top-p), codebook 0's (3072, its special tail masked to
+    -inf, padded to 4096 in the kernel), and a row of equal scores (ties: the kernel ranks the
+    lower column first)."""
+    g = torch.Generator().manual_seed(5)
+    rows = dict(
+        greedy=torch.tensor([False, True, False, False]),
+        temp=torch.tensor([0.9, 1.0, 0.6, 1.3]),
+        top_k=torch.tensor([50, 1, 64, 5]),
+        top_p=torch.tensor([1.0, 0.8, 0.7, 0.9]),
+    )
+    picks, equal = [], []
+    for V, B, use_top_p in ((2048, 4, False), (2048, 4, True), (3072, 2, True)):
+        scores = torch.randn(B, V, generator=g) * 3
+        if V == 3072:
+            scores[:, 2050:] = float("-inf")
+        noise = -torch.log(-torch.log(torch.rand(B, 3, 64, generator=g)))[:, 1]  # rows strided
+        args = [t[:B] for t in rows.values()]
+        got = nk.sample(scores, *args, noise, 64, use_top_p)
+        want = _sample_ids(scores, *args, noise, 64, use_top_p)
+        equal.append(bool((got == want).all()))
+        picks += got.tolist()
+    out["sample_equal"] = equal
+    out["sample_distinct"] = len(set(picks))
+    # columns 100-199 tie above the rest: the kernel's 64 candidates are columns 100-163 in
+    # that order, all kept (ties at the top-k boundary are kept), so the draw is column 100 +
+    # the rank of the largest noise (torch.topk may take any 64 of the tied columns)
+    noise = -torch.log(-torch.log(torch.rand(1, 64, generator=g)))
+    scores = torch.zeros(1, 2048)
+    scores[0, 100:200] = 5.0
+    got = nk.sample(scores, torch.tensor([False]), torch.ones(1), torch.tensor([40]), torch.ones(1), noise, 64, False)
+    out["sample_ties"] = [int(got), 100 + int(noise[0].argmax())]
+
+
 CHECKS = {
     f.__name__: f
     for f in (
@@ -392,6 +433,7 @@ CHECKS = {
         check_prefill,
         check_engine_frames,
         check_bench_parity,
+        check_sample,
     )
 }
 

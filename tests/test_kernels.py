@@ -25,8 +25,9 @@ needs_triton = pytest.mark.skipif(nk.triton is None, reason="the 'triton' packag
 
 
 # The interpreter's checks in two processes side by side (each about 2.5 min on the 2-core CI
-# machine, about 5 in one): the whole engine's run, and every other check.
-INTERP_GROUPS = (("check_engine_frames",), ("--skip", "check_engine_frames"))
+# machine, about 5 in one): the whole engine's run with the sampling kernel's, and every other
+# check.
+INTERP_GROUPS = (("check_engine_frames", "check_sample"), ("--skip", "check_engine_frames", "check_sample"))
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,15 @@ def test_benchmark_parity_counts_codes(interp):
     # one row per call: the few-row kernel's codes equal the torch path's in fp32
     assert interp["bench_parity_one_row_codes"] == 3 * 15
     assert interp["bench_parity_one_row"] == [1.0, 1.0]
+
+
+@needs_triton
+def test_sampling_kernel_draws_as_the_torch_function(interp):
+    # greedy, top-k 1 / 5 / 50 / 64, top-p on and off, both vocabularies: the same ids
+    assert interp["sample_equal"] == [True, True, True]
+    assert interp["sample_distinct"] >= 8  # the draws differ: the comparison can fail
+    got, want = interp["sample_ties"]
+    assert got == want
 
 
 SHAPES = [  # (N, K, swiglu) of the 1.7B decode GEMMs (code predictor, then talker)
@@ -271,18 +281,38 @@ def test_gpu_variants_compile_for_hopper_with_pdl(swiglu):
     assert ptx.count("prefetch.global.L2") == (2 if swiglu else 1)
 
 
+@pytest.mark.parametrize("vocab", [2048, 3072])
+@pytest.mark.parametrize("top_p", [False, True])
+def test_sampling_kernel_compiles_for_hopper(vocab, top_p):
+    """The sampling kernel compiles for sm_90 (ptxas included) for both vocabularies (3072
+    padded to 4096) with and without top-p, and divides correctly rounded (``div.rn``, as
+    torch does: the approximate division could move a candidate's rank)."""
+    target, ASTSource = _sm90_compiler()
+    sig = dict(scores_ptr="*fp32", greedy_ptr="*i1", temp_ptr="*fp32", top_k_ptr="*i64", top_p_ptr="*fp32")
+    sig.update(g_ptr="*fp32", out_ptr="*i64", V="i32", K="i32", stride_s="i32", stride_g="i32")
+    VP = 1 << (vocab - 1).bit_length()
+    const = dict(VP=VP, KP=64, TOP_P=top_p)
+    src = ASTSource(fn=nk._sample_kernel, signature={**sig, **dict.fromkeys(const, "constexpr")}, constexprs=const)
+    try:
+        ptx = nk.triton.compile(src, target=target, options={"num_warps": 4 if VP <= 2048 else 8}).asm["ptx"]
+    except FileNotFoundError as e:  # no ptxas in this Triton
+        pytest.skip(f"no CUDA toolchain in this Triton ({e})")
+    assert "div.rn.f32" in ptx
+
+
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_few_row_kernel_compiles_for_hopper(swiglu):
-    """The few-row kernel, with every epilogue, compiles for sm_90 (ptxas included) at the 1.7B
-    code predictor's widest K (3072, padded to 4096) and its gate/up shape, and its PTX has no
-    tensor-core instruction (fp32 products and sums)."""
+    """The few-row kernel, with every epilogue and programmatic dependent launch, compiles for
+    sm_90 (ptxas included) at the 1.7B code predictor's widest K (3072, padded to 4096) and its
+    gate/up shape; its PTX has no tensor-core instruction (fp32 products and sums) and loads
+    weights before it waits for the previous kernel."""
     target, ASTSource = _sm90_compiler()
     sig = dict.fromkeys(("x_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr"), "*bf16")
     sig.update(
         idx_ptr="*i64", eps="fp32", **dict.fromkeys(("M", "N", "K", "stride_xm", "stride_rm", "stride_om"), "i32")
     )
     BN, BK, warps = nk.gemv_tiles(3072, 1024, True) if swiglu else nk.gemv_tiles(1024, 3072)
-    const = dict(GATHER=True, RMS=True, SWIGLU=swiglu, HAS_BIAS=True, HAS_RES=True, BN=BN, BK=BK)
+    const = dict(GATHER=True, RMS=True, SWIGLU=swiglu, HAS_BIAS=True, HAS_RES=True, BN=BN, BK=BK, GDC=True)
     src = ASTSource(fn=nk._gemv_kernel, signature={**sig, **dict.fromkeys(const, "constexpr")}, constexprs=const)
     try:
         ptx = nk.triton.compile(src, target=target, options={"num_warps": warps}).asm["ptx"]
@@ -290,3 +320,5 @@ def test_few_row_kernel_compiles_for_hopper(swiglu):
         pytest.skip(f"no CUDA toolchain in this Triton ({e})")
     assert "mma" not in ptx and "wgmma" not in ptx
     assert ptx.count("ld.global") >= 8  # the weight tile's vector loads (and x, bias, residual)
+    # with programmatic dependent launch the weight loads come before the wait
+    assert "griddepcontrol.wait" in ptx and ptx.index("ld.global") < ptx.index("griddepcontrol.wait")

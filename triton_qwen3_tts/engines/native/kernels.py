@@ -90,6 +90,11 @@ _PDL_DEVICES: dict = {}  # device index -> capability >= 9.0
 # 23.9 against 10.6 us); one row of the code predictor's first step is two positions
 GEMV_ROWS = 2
 
+# the decode step's draws (codebook 0 and each residual code) with kernels "triton": sample()
+# (one kernel per draw) when True, else the compiled torch function (torch.topk and four to
+# five kernels around it); read when the step runs, so set it before CUDA-graph capture
+SAMPLE_KERNEL = True
+
 # the talker's decode attention with kernels "triton": "triton" (decode_attention, reading each
 # row's cached positions only) or "sdpa" (PyTorch's SDPA over the whole context bucket with a
 # mask); set_decode_attention() changes it (before CUDA-graph capture), for A/B measurements
@@ -310,12 +315,17 @@ if triton is not None:
         HAS_RES: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
+        GDC: tl.constexpr,
     ):
         """:func:`_linear_kernel` for a few rows without tensor cores: one program loads ``BN``
         whole weight rows (all of K, ``BK`` its power of two, in one go: no K loop, so one
         memory latency per program instead of one per K tile) and then takes each of the
         ``M`` rows in turn, products and sums in fp32. Small programs, many per
-        multiprocessor: the loads in flight are what bounds a decode GEMM's speed."""
+        multiprocessor: the loads in flight are what bounds a decode GEMM's speed.
+
+        GDC (programmatic dependent launch): the weights and bias (never written by a kernel)
+        are loaded first, then the program waits for the previous kernel before reading x or
+        the residual and writing out, so its weight loads overlap the previous kernel's end."""
         pid = tl.program_id(0)
         rn = pid * BN + tl.arange(0, BN)
         rk = tl.arange(0, BK)
@@ -328,6 +338,9 @@ if triton is not None:
             w2 = tl.load(w_ptr + (rn[:, None] + N) * K + rk[None, :], mask=wmask, other=0.0)
         if HAS_BIAS:
             bias = tl.load(bias_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)
+        if GDC:
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
         for m in range(0, M):
             if GATHER:
                 row = tl.load(idx_ptr + m).to(tl.int64)
@@ -593,6 +606,60 @@ if triton is not None:
         o_at = b * (H * HD) + (g * REP + r)[:, None] * HD + d[None, :]
         tl.store(o_ptr + o_at, out.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
 
+    @triton.jit
+    def _sample_kernel(
+        scores_ptr,
+        greedy_ptr,
+        temp_ptr,
+        top_k_ptr,
+        top_p_ptr,
+        g_ptr,
+        out_ptr,
+        V,
+        K,
+        stride_s,
+        stride_g,
+        VP: tl.constexpr,
+        KP: tl.constexpr,
+        TOP_P: tl.constexpr,
+    ):
+        """One row of :func:`~triton_qwen3_tts.engines.native.layers._sample_ids` (argmax where
+        greedy; else temperature, top-k, optional top-p and Gumbel-max over the top ``K``
+        candidates by rank), in one program: each score divided by the temperature (correctly
+        rounded, as torch divides), packed with its column into an int64 whose order is the
+        score's (ties: the lower column first), and the ``KP`` largest keys taken with
+        ``tl.topk`` (a bitonic top-k in registers), sorted descending: candidate rank r is
+        ``top[r]``."""
+        b = tl.program_id(0).to(tl.int64)
+        col = tl.arange(0, VP)
+        s = tl.load(scores_ptr + b * stride_s + col, mask=col < V, other=float("-inf"))
+        arg = tl.argmax(s, axis=0)  # the first maximum, as torch.argmax
+        t = tl.load(temp_ptr + b)
+        v = tl.math.div_rn(s, tl.zeros_like(s) + t)
+        bits = v.to(tl.int32, bitcast=True)
+        key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)  # signed order == float order
+        top = tl.topk((key << 32) | (VP - 1 - col).to(tl.int64), KP)
+        hi = (top >> 32).to(tl.int32)
+        vals = (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        idx = VP - 1 - (top & 0xFFFFFFFF)
+        rank = tl.arange(0, KP)
+        rk = tl.minimum(tl.maximum(tl.load(top_k_ptr + b) - 1, 0), K - 1)
+        kth = tl.max(tl.where(rank == rk, vals, float("-inf")), axis=0)
+        keep = (vals >= kth) & (rank < K)
+        if TOP_P:
+            tp = tl.load(top_p_ptr + b)
+            masked = tl.where(keep, vals, float("-inf"))
+            e = tl.exp(masked - tl.max(masked, axis=0))
+            probs = e / tl.sum(e, axis=0)
+            excl = tl.cumsum(probs, axis=0) - probs
+            cut = tl.where(tp >= 1.0, keep, keep & (excl < tp))  # top_p 1: rows left as they are
+            keep = cut | (rank == 0)
+        g = tl.load(g_ptr + b * stride_g + rank, mask=rank < K, other=0.0)
+        choice = tl.argmax(tl.where(keep, vals + g, float("-inf")), axis=0)
+        pick = tl.sum(tl.where(rank == choice, idx, 0), axis=0)
+        greedy = tl.load(greedy_ptr + b).to(tl.int1)
+        tl.store(out_ptr + b, tl.where(greedy, arg.to(tl.int64), pick))
+
 
 def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     """``w [N, K]`` with an RMSNorm weight ``[K]`` folded in (``w * norm_weight``, computed in
@@ -755,6 +822,7 @@ def _gemv(x, w, out, rms, eps, swiglu, bias, residual, rows, M, N, K):
     """:func:`linear` on :func:`_gemv_kernel` (``M <= GEMV_ROWS``)."""
     BN, BK, warps = gemv_tiles(N, K, swiglu)
     dummy = w
+    pdl = _pdl(w)
     with _on(w):
         _gemv_kernel[(triton.cdiv(N, BN),)](
             x,
@@ -777,7 +845,9 @@ def _gemv(x, w, out, rms, eps, swiglu, bias, residual, rows, M, N, K):
             HAS_RES=residual is not None,
             BN=BN,
             BK=BK,
+            GDC=pdl != "off",
             num_warps=warps,
+            **_launch_opts(pdl),
         )
     return out
 
@@ -979,3 +1049,45 @@ def decode_attention(
                 **_launch_opts(pdl),
             )
     return o
+
+
+def sample(
+    scores: torch.Tensor,
+    greedy: torch.Tensor,
+    temp: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    g: torch.Tensor,
+    K: int,
+    use_top_p: bool,
+) -> torch.Tensor:
+    """:func:`~triton_qwen3_tts.engines.native.layers._sample_ids` in one kernel, one program
+    per row: ``scores [B, V]`` fp32 (rows strided), ``greedy [B]`` bool, ``temp``/``top_p [B]``
+    fp32, ``top_k [B]`` int64, noise ``g [B, >= K]`` fp32 (rows strided); returns ids ``[B]``
+    int64. The same draws as the torch function given the same scores, except where two
+    candidates' scores are equal (the lower column ranks first here) or a row's top-p
+    boundary falls within the rounding of a cumulative sum taken in another order."""
+    B, V = scores.shape
+    assert scores.dtype == torch.float32 and scores.stride(-1) == 1 and g.stride(-1) == 1 and g.shape[1] >= K
+    out = torch.empty(B, device=scores.device, dtype=torch.int64)
+    VP = 1 << (V - 1).bit_length()
+    KP = 1 << (K - 1).bit_length()
+    with _on(scores):
+        _sample_kernel[(B,)](
+            scores,
+            greedy,
+            temp,
+            top_k,
+            top_p,
+            g,
+            out,
+            V,
+            K,
+            scores.stride(0),
+            g.stride(0),
+            VP=VP,
+            KP=KP,
+            TOP_P=use_top_p,
+            num_warps=4 if VP <= 2048 else 8,
+        )
+    return out
