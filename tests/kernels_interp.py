@@ -411,14 +411,20 @@ def check_sample(out: dict) -> None:
         picks += got.tolist()
     out["sample_equal"] = equal
     out["sample_distinct"] = len(set(picks))
-    # columns 100-199 tie above the rest: the kernel's 64 candidates are columns 100-163 in
-    # that order, all kept (ties at the top-k boundary are kept), so the draw is column 100 +
-    # the rank of the largest noise (torch.topk may take any 64 of the tied columns)
+    # ties (keys order equal scores by column): 20 columns tie at the top, top_k 10 keeps all 20
+    # (ties at the boundary are kept), so the draw is column 100 + the rank of the largest of
+    # the first 20 noises; the threshold leaves about 70 candidates, compacted. Then every
+    # column ties: the threshold leaves them all (more than the 128 of the compaction), so the
+    # bitonic top-k path ranks columns 0..63 and keeps all 64 (torch.topk may take any).
     noise = -torch.log(-torch.log(torch.rand(1, 64, generator=g)))
-    scores = torch.zeros(1, 2048)
-    scores[0, 100:200] = 5.0
-    got = nk.sample(scores, torch.tensor([False]), torch.ones(1), torch.tensor([40]), torch.ones(1), noise, 64, False)
-    out["sample_ties"] = [int(got), 100 + int(noise[0].argmax())]
+    one = dict(greedy=torch.tensor([False]), temp=torch.ones(1), top_k=torch.tensor([10]), top_p=torch.ones(1))
+    scores = torch.randn(1, 2048, generator=g)
+    scores[0, 100:120] = 9.0
+    got = nk.sample(scores, *one.values(), noise, 64, False)
+    ties = [[int(got), 100 + int(noise[0, :20].argmax())]]
+    got = nk.sample(torch.zeros(1, 2048), *one.values(), noise, 64, False)
+    ties.append([int(got), int(noise[0].argmax())])
+    out["sample_ties"] = ties
 
 
 CHECKS = {

@@ -781,10 +781,10 @@ def parse_args(argv=None):
     ap.add_argument(
         "--pdl",
         choices=PDL_MODES,
-        default="off",
+        default=None,
         help="--kernels triton on Hopper or newer: programmatic dependent launch of the kernels; prefetch: "
-        "the GEMMs also prefetch their weights into L2 before waiting for the previous kernel "
-        "(engines/native/kernels.py PDL)",
+        "the GEMMs also prefetch their weights into L2 before waiting for the previous kernel; few: on for "
+        "launches of at most GEMV_ROWS rows; default: engines/native/kernels.py PDL (few)",
     )
     ap.add_argument(
         "--decode-attention",
@@ -856,7 +856,8 @@ def main(argv=None) -> int:
     if args.kernels == "triton":
         from triton_qwen3_tts.engines.native import kernels
 
-        kernels.set_pdl(args.pdl)
+        if args.pdl is not None:
+            kernels.set_pdl(args.pdl)
         kernels.set_decode_attention(args.decode_attention)
         if args.gemv_rows is not None:
             kernels.GEMV_ROWS = args.gemv_rows

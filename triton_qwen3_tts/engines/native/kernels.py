@@ -77,9 +77,12 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # programmatic dependent launch on GPUs of compute capability >= 9.0: "off", "on" (each kernel
 # waits for the previous one at its start), "prefetch" (the GEMMs prefetch their weights into L2
-# before that wait); set_pdl() changes it (before CUDA-graph capture: graphs keep the launches
-# they captured)
-PDL = "off"
+# before that wait), "few" ("on" for launches of at most GEMV_ROWS rows, "off" for more);
+# set_pdl() changes it (before CUDA-graph capture: graphs keep the launches they captured).
+# "few": on the H200 (run 37a) "on" took the one-row frame step from 3.59 to 3.10 ms (the
+# few-row kernel loads its weights before it waits, so they overlap the previous kernel) but
+# the 64-row one from 5.98 to 6.13 (its tiled GEMMs slower, as on the H100 in run 29b)
+PDL = "few"
 _PDL_DEVICES: dict = {}  # device index -> capability >= 9.0
 
 
@@ -117,15 +120,24 @@ def set_pdl(mode: str) -> None:
     PDL = mode
 
 
-def _pdl(t: torch.Tensor) -> str:
-    """The PDL mode of launches on ``t``'s device ("off" below Hopper, off the GPU, in the
-    interpreter)."""
-    if PDL == "off" or not t.is_cuda or _INTERPRET:
+def pdl_mode(rows: int) -> str:
+    """The PDL mode ("off", "on" or "prefetch") of a launch over ``rows`` rows under
+    :data:`PDL` ("few": "on" up to :data:`GEMV_ROWS` rows)."""
+    if PDL == "few":
+        return "on" if rows <= GEMV_ROWS else "off"
+    return PDL
+
+
+def _pdl(t: torch.Tensor, rows: int) -> str:
+    """:func:`pdl_mode` of a launch over ``rows`` rows on ``t``'s device ("off" below Hopper,
+    off the GPU, in the interpreter)."""
+    mode = pdl_mode(rows)
+    if mode == "off" or not t.is_cuda or _INTERPRET:
         return "off"
     idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
     if idx not in _PDL_DEVICES:
         _PDL_DEVICES[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
-    return PDL if _PDL_DEVICES[idx] else "off"
+    return mode if _PDL_DEVICES[idx] else "off"
 
 
 def _launch_opts(mode: str) -> dict:
@@ -615,21 +627,28 @@ if triton is not None:
         top_p_ptr,
         g_ptr,
         out_ptr,
+        scratch_ptr,
         V,
         K,
         stride_s,
         stride_g,
         VP: tl.constexpr,
-        KP: tl.constexpr,
+        G: tl.constexpr,
+        CAP: tl.constexpr,
         TOP_P: tl.constexpr,
     ):
         """One row of :func:`~triton_qwen3_tts.engines.native.layers._sample_ids` (argmax where
         greedy; else temperature, top-k, optional top-p and Gumbel-max over the top ``K``
-        candidates by rank), in one program: each score divided by the temperature (correctly
-        rounded, as torch divides), packed with its column into an int64 whose order is the
-        score's (ties: the lower column first), and the ``KP`` largest keys taken with
-        ``tl.topk`` (a bitonic top-k in registers), sorted descending: candidate rank r is
-        ``top[r]``."""
+        candidates by rank) in one program.
+
+        Each score is divided by the temperature (correctly rounded, as torch divides) and
+        packed with its column into an int64 key whose order is the score's (ties: the lower
+        column first), so keys are distinct. The candidates: the ``K``-th largest of the ``G``
+        group maxima (groups of ``VP / G`` columns) is a threshold with at least ``K`` keys at
+        or above it, usually not many more; when at most ``CAP`` are, they are compacted
+        (a prefix sum gives each its slot in this row's ``scratch``) and ranked by pairwise
+        comparison, otherwise (many near-equal scores) the ``CAP`` largest keys are taken with
+        ``tl.topk``, a bitonic top-k over the whole row (about 20 us on the H200, run 37a)."""
         b = tl.program_id(0).to(tl.int64)
         col = tl.arange(0, VP)
         s = tl.load(scores_ptr + b * stride_s + col, mask=col < V, other=float("-inf"))
@@ -638,25 +657,41 @@ if triton is not None:
         v = tl.math.div_rn(s, tl.zeros_like(s) + t)
         bits = v.to(tl.int32, bitcast=True)
         key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)  # signed order == float order
-        top = tl.topk((key << 32) | (VP - 1 - col).to(tl.int64), KP)
-        hi = (top >> 32).to(tl.int32)
+        key = (key << 32) | (VP - 1 - col).to(tl.int64)
+        gm = tl.max(tl.reshape(key, (G, VP // G)), axis=1)
+        g_rank = tl.sum((gm[None, :] > gm[:, None]).to(tl.int32), axis=1)
+        t1 = tl.max(tl.where(g_rank == K - 1, gm, -(2**63)), axis=0)
+        cand = key >= t1
+        cnt = tl.sum(cand.to(tl.int32), axis=0)
+        slot = tl.arange(0, CAP)
+        if cnt <= CAP:
+            pos = tl.cumsum(cand.to(tl.int32), axis=0) - 1
+            tl.store(scratch_ptr + b * CAP + pos, key, mask=cand)
+            tl.debug_barrier()  # the keys just stored are read back by other threads
+            kc = tl.load(scratch_ptr + b * CAP + slot, mask=slot < cnt, other=-(2**63))
+            rank = tl.sum((kc[None, :] > kc[:, None]).to(tl.int32), axis=1)  # empty slots: cnt
+        else:
+            kc = tl.topk(key, CAP)
+            rank = slot
+        hi = (kc >> 32).to(tl.int32)
         vals = (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-        idx = VP - 1 - (top & 0xFFFFFFFF)
-        rank = tl.arange(0, KP)
+        idx = VP - 1 - (kc & 0xFFFFFFFF)
         rk = tl.minimum(tl.maximum(tl.load(top_k_ptr + b) - 1, 0), K - 1)
         kth = tl.max(tl.where(rank == rk, vals, float("-inf")), axis=0)
-        keep = (vals >= kth) & (rank < K)
+        keep = (rank < K) & (vals >= kth)
         if TOP_P:
             tp = tl.load(top_p_ptr + b)
             masked = tl.where(keep, vals, float("-inf"))
             e = tl.exp(masked - tl.max(masked, axis=0))
             probs = e / tl.sum(e, axis=0)
-            excl = tl.cumsum(probs, axis=0) - probs
+            # the probability before each candidate in rank order (torch: cumsum - probs)
+            excl = tl.sum(tl.where(rank[None, :] < rank[:, None], probs[None, :], 0.0), axis=1)
             cut = tl.where(tp >= 1.0, keep, keep & (excl < tp))  # top_p 1: rows left as they are
             keep = cut | (rank == 0)
         g = tl.load(g_ptr + b * stride_g + rank, mask=rank < K, other=0.0)
-        choice = tl.argmax(tl.where(keep, vals + g, float("-inf")), axis=0)
-        pick = tl.sum(tl.where(rank == choice, idx, 0), axis=0)
+        sc = tl.where(keep, vals + g, float("-inf"))
+        best = tl.min(tl.where(sc == tl.max(sc, axis=0), rank, CAP), axis=0)  # the first in rank order
+        pick = tl.sum(tl.where(rank == best, idx, 0), axis=0)
         greedy = tl.load(greedy_ptr + b).to(tl.int1)
         tl.store(out_ptr + b, tl.where(greedy, arg.to(tl.int64), pick))
 
@@ -770,7 +805,7 @@ def linear(
     BM, BN, BK, warps, stages = config or tiles(M, N, K, w.element_size(), swiglu, _smem_limit(w.device))
     grid = (triton.cdiv(N, BN), triton.cdiv(M, BM))
     dummy = w
-    pdl = _pdl(w)
+    pdl = _pdl(w, M)
     with _on(w):
         _linear_kernel[grid](
             x,
@@ -822,7 +857,7 @@ def _gemv(x, w, out, rms, eps, swiglu, bias, residual, rows, M, N, K):
     """:func:`linear` on :func:`_gemv_kernel` (``M <= GEMV_ROWS``)."""
     BN, BK, warps = gemv_tiles(N, K, swiglu)
     dummy = w
-    pdl = _pdl(w)
+    pdl = _pdl(w, M)
     with _on(w):
         _gemv_kernel[(triton.cdiv(N, BN),)](
             x,
@@ -880,7 +915,7 @@ def cp_attention(
     assert qkv.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     if out is None:
         out = torch.empty(BT, heads * hd, device=qkv.device, dtype=qkv.dtype)
-    pdl = _pdl(qkv)
+    pdl = _pdl(qkv, B)
     with _on(qkv):
         _cp_attn_kernel[(B, kv_heads)](
             qkv,
@@ -930,7 +965,7 @@ def rope_kv_write(
     hd = cos.shape[1]
     assert qkv.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     q = torch.empty(B, heads * hd, device=qkv.device, dtype=qkv.dtype)
-    pdl = _pdl(qkv)
+    pdl = _pdl(qkv, B)
     with _on(qkv):
         _rope_kv_kernel[(B, heads + kv_heads)](
             qkv,
@@ -1007,7 +1042,7 @@ def decode_attention(
     RP = 1 << (rep - 1).bit_length()
     o = torch.empty(B, heads * hd, device=q.device, dtype=q.dtype)
     part = torch.empty(B * kv_heads * S * RP * (hd + 2) if S > 1 else 1, device=q.device, dtype=torch.float32)
-    pdl = _pdl(q)
+    pdl = _pdl(q, B)
     with _on(q):
         _decode_attn_kernel[(B, kv_heads, S)](
             q,
@@ -1071,7 +1106,9 @@ def sample(
     assert scores.dtype == torch.float32 and scores.stride(-1) == 1 and g.stride(-1) == 1 and g.shape[1] >= K
     out = torch.empty(B, device=scores.device, dtype=torch.int64)
     VP = 1 << (V - 1).bit_length()
-    KP = 1 << (K - 1).bit_length()
+    CAP = 2 << (K - 1).bit_length()  # twice K's power of two
+    G = min(VP, max(256, CAP))  # group maxima: at least K of them
+    scratch = torch.empty(B, CAP, device=scores.device, dtype=torch.int64)
     with _on(scores):
         _sample_kernel[(B,)](
             scores,
@@ -1081,12 +1118,14 @@ def sample(
             top_p,
             g,
             out,
+            scratch,
             V,
             K,
             scores.stride(0),
             g.stride(0),
             VP=VP,
-            KP=KP,
+            G=G,
+            CAP=CAP,
             TOP_P=use_top_p,
             num_warps=4 if VP <= 2048 else 8,
         )
