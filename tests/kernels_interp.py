@@ -19,17 +19,11 @@ import torch.nn.functional as F  # noqa: E402
 
 from triton_qwen3_tts.engines.native import kernels as nk  # noqa: E402
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig  # noqa: E402
-from triton_qwen3_tts.engines.native.layers import CP_POSITIONS, _attn_math, _pre_attn, _sample_ids  # noqa: E402
+from triton_qwen3_tts.engines.native.layers import CP_POSITIONS, _pre_attn, _attn_math  # noqa: E402
 from triton_qwen3_tts.engines.native.model import NativeModel  # noqa: E402
 from triton_qwen3_tts.model import presets  # noqa: E402
 from triton_qwen3_tts.model.config import Qwen3TTSConfig  # noqa: E402
 from triton_qwen3_tts.model.talker import Talker  # noqa: E402
-
-
-# The engine checks draw with the torch function: the interpreter runs the sampling kernel's
-# bitonic top-k reduction by reduction in Python, about 2 s per row and draw (a frame is 16
-# draws). check_sample holds the kernel against that function directly.
-nk.SAMPLE_KERNEL = False
 
 
 def _maxdiff(a, b) -> float:
@@ -386,47 +380,6 @@ def check_bench_parity(out: dict) -> None:
     out["bench_parity_one_row_codes"] = res["greedy"]["codes"]
 
 
-def check_sample(out: dict) -> None:
-    """kernels.sample against layers._sample_ids on the same fp32 scores and noise: a residual
-    vocabulary (2048, without and with top-p), codebook 0's (3072, its special tail masked to
-    -inf, padded to 4096 in the kernel), and a row of equal scores (ties: the kernel ranks the
-    lower column first)."""
-    g = torch.Generator().manual_seed(5)
-    rows = dict(
-        greedy=torch.tensor([False, True, False, False]),
-        temp=torch.tensor([0.9, 1.0, 0.6, 1.3]),
-        top_k=torch.tensor([50, 1, 64, 5]),
-        top_p=torch.tensor([1.0, 0.8, 0.7, 0.9]),
-    )
-    picks, equal = [], []
-    for V, B, use_top_p in ((2048, 4, False), (2048, 4, True), (3072, 2, True)):
-        scores = torch.randn(B, V, generator=g) * 3
-        if V == 3072:
-            scores[:, 2050:] = float("-inf")
-        noise = -torch.log(-torch.log(torch.rand(B, 3, 64, generator=g)))[:, 1]  # rows strided
-        args = [t[:B] for t in rows.values()]
-        got = nk.sample(scores, *args, noise, 64, use_top_p)
-        want = _sample_ids(scores, *args, noise, 64, use_top_p)
-        equal.append(bool((got == want).all()))
-        picks += got.tolist()
-    out["sample_equal"] = equal
-    out["sample_distinct"] = len(set(picks))
-    # ties (keys order equal scores by column): 20 columns tie at the top, top_k 10 keeps all 20
-    # (ties at the boundary are kept), so the draw is column 100 + the rank of the largest of
-    # the first 20 noises; the threshold leaves about 70 candidates, compacted. Then every
-    # column ties: the threshold leaves them all (more than the 128 of the compaction), so the
-    # bitonic top-k path ranks columns 0..63 and keeps all 64 (torch.topk may take any).
-    noise = -torch.log(-torch.log(torch.rand(1, 64, generator=g)))
-    one = dict(greedy=torch.tensor([False]), temp=torch.ones(1), top_k=torch.tensor([10]), top_p=torch.ones(1))
-    scores = torch.randn(1, 2048, generator=g)
-    scores[0, 100:120] = 9.0
-    got = nk.sample(scores, *one.values(), noise, 64, False)
-    ties = [[int(got), 100 + int(noise[0, :20].argmax())]]
-    got = nk.sample(torch.zeros(1, 2048), *one.values(), noise, 64, False)
-    ties.append([int(got), int(noise[0].argmax())])
-    out["sample_ties"] = ties
-
-
 CHECKS = {
     f.__name__: f
     for f in (
@@ -439,7 +392,6 @@ CHECKS = {
         check_prefill,
         check_engine_frames,
         check_bench_parity,
-        check_sample,
     )
 }
 

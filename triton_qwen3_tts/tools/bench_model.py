@@ -771,14 +771,6 @@ def parse_args(argv=None):
         "program, no K loop); default: engines/native/kernels.py GEMV_ROWS (2); 0: the tiled kernel always",
     )
     ap.add_argument(
-        "--sample-kernel",
-        choices=("on", "off"),
-        default="on",
-        help="--kernels triton: each draw of the decode step (codebook 0 and the 15 residual codes) as one "
-        "Triton kernel (on) or the compiled torch function with torch.topk (off; engines/native/kernels.py "
-        "SAMPLE_KERNEL)",
-    )
-    ap.add_argument(
         "--pdl",
         choices=PDL_MODES,
         default=None,
@@ -861,7 +853,6 @@ def main(argv=None) -> int:
         kernels.set_decode_attention(args.decode_attention)
         if args.gemv_rows is not None:
             kernels.GEMV_ROWS = args.gemv_rows
-        kernels.SAMPLE_KERNEL = args.sample_kernel == "on"
     result = {
         "args": {k: v for k, v in vars(args).items()},
         "host": platform.node(),
@@ -879,7 +870,6 @@ def main(argv=None) -> int:
     if args.kernels == "triton":
         result["pdl"] = kernels.PDL  # "off" when the self-test found no PDL in this Triton
         result["gemv_rows"] = kernels.GEMV_ROWS
-        result["sample_kernel"] = kernels.SAMPLE_KERNEL
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=float))
         print(f"wrote {args.json}")

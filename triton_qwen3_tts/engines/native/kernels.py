@@ -40,12 +40,16 @@ after each op, so bf16 codes can differ where two candidates are near-tied (the 
 --cp-parity``). fp32 models use IEEE fp32 dots (no TF32).
 
 On Hopper and newer GPUs the kernels can be launched with programmatic dependent launch (PDL,
-:func:`set_pdl`, off by default): the next kernel's programs start while the previous one
-finishes and wait for it (``gdc_wait``) before they touch anything it may write; with
-``"prefetch"`` the GEMMs first prefetch their weight slice into L2 (weights are never written, so
-that needs no wait). The arithmetic is the same in every mode. On the H100 (run 29b) neither
-made the frame step faster: "on" took the code predictor from 3.55 to 3.30 ms at one row but
-slowed the talker's GEMMs (2.70 to 2.94 ms), and "prefetch" was slower still.
+:func:`set_pdl`): the next kernel's programs start while the previous one finishes and wait for
+it (``gdc_wait``) before they touch anything it may write; with ``"prefetch"`` the GEMMs first
+prefetch their weight slice into L2 (weights are never written, so that needs no wait). The
+arithmetic is the same in every mode. The default, ``"few"``, uses it only for the kernels of
+one-stream steps (at most :data:`GEMV_ROWS` rows): the few-row kernel loads its whole weight
+slice before it waits, so that load overlaps the previous kernel (run 37a on the H200: the
+one-row frame step 3.59 -> 3.10 ms; 37c: 3.00). With more rows PDL does not pay: on the H100
+(run 29b) "on" took the code predictor from 3.55 to 3.30 ms at one row but slowed the talker's
+tiled GEMMs (2.70 to 2.94 ms), "prefetch" was slower still, and on the H200 (37a) "on" took the
+64-row step from 5.98 to 6.13 ms.
 
 On the CPU the kernels run only in Triton's interpreter (``TRITON_INTERPRET=1``, set before
 ``triton`` is imported), which is how the tests check them against the torch path; the
@@ -92,11 +96,6 @@ _PDL_DEVICES: dict = {}  # device index -> capability >= 9.0
 # the tiled kernel took 6.1-15.7, each further row about 0.5-3 us more, so 8 rows lost (gate/up
 # 23.9 against 10.6 us); one row of the code predictor's first step is two positions
 GEMV_ROWS = 2
-
-# the decode step's draws (codebook 0 and each residual code) with kernels "triton": sample()
-# (one kernel per draw) when True, else the compiled torch function (torch.topk and four to
-# five kernels around it); read when the step runs, so set it before CUDA-graph capture
-SAMPLE_KERNEL = True
 
 # the talker's decode attention with kernels "triton": "triton" (decode_attention, reading each
 # row's cached positions only) or "sdpa" (PyTorch's SDPA over the whole context bucket with a
@@ -618,83 +617,6 @@ if triton is not None:
         o_at = b * (H * HD) + (g * REP + r)[:, None] * HD + d[None, :]
         tl.store(o_ptr + o_at, out.to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
 
-    @triton.jit
-    def _sample_kernel(
-        scores_ptr,
-        greedy_ptr,
-        temp_ptr,
-        top_k_ptr,
-        top_p_ptr,
-        g_ptr,
-        out_ptr,
-        scratch_ptr,
-        V,
-        K,
-        stride_s,
-        stride_g,
-        VP: tl.constexpr,
-        G: tl.constexpr,
-        CAP: tl.constexpr,
-        TOP_P: tl.constexpr,
-    ):
-        """One row of :func:`~triton_qwen3_tts.engines.native.layers._sample_ids` (argmax where
-        greedy; else temperature, top-k, optional top-p and Gumbel-max over the top ``K``
-        candidates by rank) in one program.
-
-        Each score is divided by the temperature (correctly rounded, as torch divides) and
-        packed with its column into an int64 key whose order is the score's (ties: the lower
-        column first), so keys are distinct. The candidates: the ``K``-th largest of the ``G``
-        group maxima (groups of ``VP / G`` columns) is a threshold with at least ``K`` keys at
-        or above it, usually not many more; when at most ``CAP`` are, they are compacted
-        (a prefix sum gives each its slot in this row's ``scratch``) and ranked by pairwise
-        comparison, otherwise (many near-equal scores) the ``CAP`` largest keys are taken with
-        ``tl.topk``, a bitonic top-k over the whole row (about 20 us on the H200, run 37a)."""
-        b = tl.program_id(0).to(tl.int64)
-        col = tl.arange(0, VP)
-        s = tl.load(scores_ptr + b * stride_s + col, mask=col < V, other=float("-inf"))
-        arg = tl.argmax(s, axis=0)  # the first maximum, as torch.argmax
-        t = tl.load(temp_ptr + b)
-        v = tl.math.div_rn(s, tl.zeros_like(s) + t)
-        bits = v.to(tl.int32, bitcast=True)
-        key = (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64)  # signed order == float order
-        key = (key << 32) | (VP - 1 - col).to(tl.int64)
-        gm = tl.max(tl.reshape(key, (G, VP // G)), axis=1)
-        g_rank = tl.sum((gm[None, :] > gm[:, None]).to(tl.int32), axis=1)
-        t1 = tl.max(tl.where(g_rank == K - 1, gm, -(2**63)), axis=0)
-        cand = key >= t1
-        cnt = tl.sum(cand.to(tl.int32), axis=0)
-        slot = tl.arange(0, CAP)
-        if cnt <= CAP:
-            pos = tl.cumsum(cand.to(tl.int32), axis=0) - 1
-            tl.store(scratch_ptr + b * CAP + pos, key, mask=cand)
-            tl.debug_barrier()  # the keys just stored are read back by other threads
-            kc = tl.load(scratch_ptr + b * CAP + slot, mask=slot < cnt, other=-(2**63))
-            rank = tl.sum((kc[None, :] > kc[:, None]).to(tl.int32), axis=1)  # empty slots: cnt
-        else:
-            kc = tl.topk(key, CAP)
-            rank = slot
-        hi = (kc >> 32).to(tl.int32)
-        vals = (hi ^ ((hi >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-        idx = VP - 1 - (kc & 0xFFFFFFFF)
-        rk = tl.minimum(tl.maximum(tl.load(top_k_ptr + b) - 1, 0), K - 1)
-        kth = tl.max(tl.where(rank == rk, vals, float("-inf")), axis=0)
-        keep = (rank < K) & (vals >= kth)
-        if TOP_P:
-            tp = tl.load(top_p_ptr + b)
-            masked = tl.where(keep, vals, float("-inf"))
-            e = tl.exp(masked - tl.max(masked, axis=0))
-            probs = e / tl.sum(e, axis=0)
-            # the probability before each candidate in rank order (torch: cumsum - probs)
-            excl = tl.sum(tl.where(rank[None, :] < rank[:, None], probs[None, :], 0.0), axis=1)
-            cut = tl.where(tp >= 1.0, keep, keep & (excl < tp))  # top_p 1: rows left as they are
-            keep = cut | (rank == 0)
-        g = tl.load(g_ptr + b * stride_g + rank, mask=rank < K, other=0.0)
-        sc = tl.where(keep, vals + g, float("-inf"))
-        best = tl.min(tl.where(sc == tl.max(sc, axis=0), rank, CAP), axis=0)  # the first in rank order
-        pick = tl.sum(tl.where(rank == best, idx, 0), axis=0)
-        greedy = tl.load(greedy_ptr + b).to(tl.int1)
-        tl.store(out_ptr + b, tl.where(greedy, arg.to(tl.int64), pick))
-
 
 def fold_norm(w: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
     """``w [N, K]`` with an RMSNorm weight ``[K]`` folded in (``w * norm_weight``, computed in
@@ -1084,49 +1006,3 @@ def decode_attention(
                 **_launch_opts(pdl),
             )
     return o
-
-
-def sample(
-    scores: torch.Tensor,
-    greedy: torch.Tensor,
-    temp: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    g: torch.Tensor,
-    K: int,
-    use_top_p: bool,
-) -> torch.Tensor:
-    """:func:`~triton_qwen3_tts.engines.native.layers._sample_ids` in one kernel, one program
-    per row: ``scores [B, V]`` fp32 (rows strided), ``greedy [B]`` bool, ``temp``/``top_p [B]``
-    fp32, ``top_k [B]`` int64, noise ``g [B, >= K]`` fp32 (rows strided); returns ids ``[B]``
-    int64. The same draws as the torch function given the same scores, except where two
-    candidates' scores are equal (the lower column ranks first here) or a row's top-p
-    boundary falls within the rounding of a cumulative sum taken in another order."""
-    B, V = scores.shape
-    assert scores.dtype == torch.float32 and scores.stride(-1) == 1 and g.stride(-1) == 1 and g.shape[1] >= K
-    out = torch.empty(B, device=scores.device, dtype=torch.int64)
-    VP = 1 << (V - 1).bit_length()
-    CAP = 2 << (K - 1).bit_length()  # twice K's power of two
-    G = min(VP, max(256, CAP))  # group maxima: at least K of them
-    scratch = torch.empty(B, CAP, device=scores.device, dtype=torch.int64)
-    with _on(scores):
-        _sample_kernel[(B,)](
-            scores,
-            greedy,
-            temp,
-            top_k,
-            top_p,
-            g,
-            out,
-            scratch,
-            V,
-            K,
-            scores.stride(0),
-            g.stride(0),
-            VP=VP,
-            G=G,
-            CAP=CAP,
-            TOP_P=use_top_p,
-            num_warps=4 if VP <= 2048 else 8,
-        )
-    return out

@@ -324,14 +324,9 @@ class NativeModel:
         """Codebook-0 style sampling of ``scores [B, V]`` (already processed) with the noise of
         draw ``counter [B]``; returns ids ``[B]`` int64 (see :func:`_sample_ids`). ``plain``:
         the uncompiled functions (prefill, whose shapes vary)."""
-        noise, samp = (_gumbel, _sample_ids) if plain else (self._noise, self._sampler())
+        noise, samp = (_gumbel, _sample_ids) if plain else (self._noise, self._samp)
         g = noise(key, counter[:, None], cols)[:, 0]
         return samp(scores, greedy, temp, top_k, top_p, g, K, use_top_p)
-
-    def _sampler(self):
-        """The decode step's draw: :func:`kernels.sample` (one kernel per draw) with kernels
-        "triton" (unless ``kernels.SAMPLE_KERNEL`` is off), else the (compiled) torch function."""
-        return nk.sample if self.triton_kernels and nk.SAMPLE_KERNEL else self._samp
 
     def process_c0(self, logits, presence, ngen, min_new, suppress_eos, rep):
         """Reference codebook-0 processing (sampling.process_c0_logits) on ``[B, V]``, batched."""
@@ -361,7 +356,7 @@ class NativeModel:
         """One residual codebook's draw for rows ``[0, B)``: the sub-talker's greedy, temperature,
         top-k and top-p (the official ``subtalker_*``) on ``logits [B, cpV]`` with noise ``g [B, KR]``."""
         sl = slice(0, B)
-        return self._sampler()(
+        return self._samp(
             logits,
             self.sub_greedy[sl],
             self.sub_temp[sl],
