@@ -170,7 +170,11 @@ def check_code_predictor(out: dict) -> None:
     for label, hidden in (("identity", 0), ("projection", 128)):
         talker = _talker("tiny", hidden, 0.2)
         base = dict(max_num_seqs=6, max_model_len=32, device="cpu", dtype="float32", cuda_graphs=False)
-        models = {k: NativeModel(talker, NativeEngineConfig(kernels=k, **base), 0) for k in ("torch", "triton")}
+        nk.set_pdl("off")
+        models = {
+            k: NativeModel(talker, NativeEngineConfig(kernels=k, pdl="on", **base), 0) for k in ("torch", "triton")
+        }
+        out["cp_pdl_after_load"] = nk.PDL  # the kernels' model sets it from its config (a no-op here)
         g = torch.Generator().manual_seed(2)
         h = torch.randn(7, models["torch"].D, generator=g)
         c0 = torch.randint(0, 64, (7,), generator=g)

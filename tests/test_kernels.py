@@ -101,6 +101,7 @@ def test_decode_attention_matches_softmax_over_each_rows_positions(interp):
 @needs_triton
 @pytest.mark.parametrize("proj", ["identity", "projection"])
 def test_code_predictor_same_codes_as_torch_path(interp, proj):
+    assert interp["cp_pdl_after_load"] == "on"  # NativeEngineConfig.pdl, set when the model loads
     assert interp[f"cp_{proj}_distinct_codes"] > 10  # the codes vary: the comparison can fail
     for mode in ("greedy", "sampled"):
         assert interp[f"cp_{proj}_{mode}_codes_equal"] == 1.0
@@ -192,6 +193,9 @@ def test_switch_validated():
     with pytest.raises(EngineError, match="kernels.*'torch', 'triton'|kernels.*torch, triton"):
         NativeEngineConfig(device="cpu", kernels="cuda")
     assert NativeEngineConfig(device="cpu").kernels == "torch"
+    with pytest.raises(EngineError, match="pdl: 'always'; allowed: off, on, prefetch, few"):
+        NativeEngineConfig(device="cpu", pdl="always")
+    assert NativeEngineConfig(device="cpu").pdl == "few"
 
 
 @pytest.mark.skipif(nk._INTERPRET, reason="this process runs Triton's interpreter")

@@ -98,6 +98,18 @@ def test_talker_kernels_choice():
         TalkerModelConfig.from_parameters({**base, "native_kernels": "triton", "device": "cpu"})
 
 
+def test_talker_pdl_choice():
+    """native_pdl: 'few' by default (programmatic dependent launch for one-stream steps, run 37),
+    any of the kernels' modes, and a bad value names the parameter and its values."""
+    from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
+
+    base = {"checkpoint": "ck", "engine": "native"}
+    assert TalkerModelConfig.from_parameters(base).native_pdl == "few"
+    assert TalkerModelConfig.from_parameters({**base, "native_pdl": "off"}).native_pdl == "off"
+    with pytest.raises(ModelConfigError, match="native_pdl.*off, on, prefetch, few.*'always'"):
+        TalkerModelConfig.from_parameters({**base, "native_pdl": "always"})
+
+
 def test_prompt_device_resolves_to_the_native_engines_gpu():
     """prompt_device auto projects prompts on the native engine's GPU; on the CPU, for vLLM (its
     engine has processes of its own) and with prompt_device cpu, on the CPU; a bad value names

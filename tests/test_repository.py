@@ -314,3 +314,37 @@ def test_codec_dtype_defaults_to_bfloat16_on_gpu_and_an_explicit_value_wins(tiny
     assert CodecModelConfig(checkpoint="c", device="cpu").dtype == "float32"
     assert TalkerModelConfig(checkpoint="c", device="cuda:1").codec_dtype == "bfloat16"
     assert TalkerModelConfig(checkpoint="c", device="cpu", dtype="float32").codec_dtype == "float32"
+
+
+def test_every_talker_setting_reaches_the_engine(tiny_checkpoint, tmp_path):
+    """Each setting of the talker group has a placeholder in the talker's template, so a builder
+    flag reaches the engine in both pipelines (the split one's talker model, the fused one's tts
+    with the parameters prefixed) and the typed config parses it; here --native-pdl and
+    --native-loop-thread, which the template once lacked, so that the builder took them and the
+    server ran its defaults."""
+    from triton_qwen3_tts.serving.settings import SETTINGS
+
+    template = open(os.path.join(ROOT, "model_repository", "talker", "config.pbtxt.in")).read()
+    missing = [st.name for st in SETTINGS if st.group == "talker" and "${%s}" % st.name not in template]
+    assert missing == []
+    for pipeline in ("split", "fused"):
+        out = build_repository(
+            RepositorySettings(
+                checkpoint=str(tiny_checkpoint),
+                codec_backend="python",
+                device="gpu",
+                engine="native",
+                pipeline=pipeline,
+                native_pdl="off",
+                native_loop_thread=False,
+                max_num_seqs=4,
+            ),
+            str(tmp_path / pipeline),
+        )
+        model = "talker" if pipeline == "split" else "tts"
+        text = open(os.path.join(out, model, "config.pbtxt")).read()
+        p = dict(re.findall(r'key: "([\w.]+)" value: \{ string_value: "([^"]*)" \}', text))
+        prefix = "" if pipeline == "split" else "talker."
+        assert p[prefix + "native_pdl"] == "off" and p[prefix + "native_loop_thread"] == "false", pipeline
+    cfg = TalkerModelConfig.from_parameters({"checkpoint": "c", "native_pdl": "off", "native_loop_thread": "false"})
+    assert cfg.native_pdl == "off" and cfg.native_loop_thread is False

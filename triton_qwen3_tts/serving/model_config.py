@@ -157,6 +157,7 @@ class TalkerModelConfig:
     native_overlap: bool = default("native_overlap")
     native_loop_thread: bool = default("native_loop_thread")
     native_prefill_kernel_rows: int = default("native_prefill_kernel_rows")
+    native_pdl: str = default("native_pdl")
     prompt_device: str = default("prompt_device")
     engine_cpu_threads: int = default("engine_cpu_threads")
     # pipeline fused (serving/talker/fused.py): the codec runs in this model, scheduled by
@@ -192,6 +193,7 @@ class TalkerModelConfig:
             raise ModelConfigError("parameters 'codec_max_batch' and 'codec_state_slots' must be >= 1")
         self.batch_buckets()  # validates native_batch_buckets
         _choice("native_kernels", self.native_kernels, choices("native_kernels"))
+        _choice("native_pdl", self.native_pdl, choices("native_pdl"))
         _choice("prompt_device", self.prompt_device, choices("prompt_device"))
         if not 0 <= self.engine_cpu_threads <= 256:
             raise ModelConfigError(f"parameter 'engine_cpu_threads' must be in [0, 256], got {self.engine_cpu_threads}")

@@ -149,6 +149,8 @@ def native_knobs(args) -> dict:
     )
     if args.no_prefill_graphs:
         kw["prefill_graphs"] = False
+    if args.pdl is not None:
+        kw["pdl"] = args.pdl
     if args.exact_math:
         kw["fast_math"] = False
     if args.batch_buckets:
@@ -848,7 +850,7 @@ def main(argv=None) -> int:
     if args.kernels == "triton":
         from triton_qwen3_tts.engines.native import kernels
 
-        if args.pdl is not None:
+        if args.pdl is not None:  # the engine's load sets it again from NativeEngineConfig.pdl
             kernels.set_pdl(args.pdl)
         kernels.set_decode_attention(args.decode_attention)
         if args.gemv_rows is not None:

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 
 from triton_qwen3_tts.engines.base import EngineError
-from triton_qwen3_tts.engines.native.options import KERNELS
+from triton_qwen3_tts.engines.native.options import KERNELS, PDL_MODES
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -58,6 +58,10 @@ class NativeEngineConfig:
       the weights once per 64 rows). Default 0 (always the torch blocks): on the H100 a
       one-prompt prefill of 32 rows took 4.04 ms of GPU time on the kernels against 3.71 on the
       torch blocks (runs 33b-33c, docs/benchmark-history.md).
+    * ``pdl``: with ``kernels="triton"`` on Hopper or newer, programmatic dependent launch of
+      the kernels (:func:`kernels.set_pdl`, process-wide, set when the model loads): ``"few"``
+      (default) for the launches of at most ``kernels.GEMV_ROWS`` rows, ``"on"``, ``"prefetch"``
+      or ``"off"``; the arithmetic is the same in every mode (run 37, docs/benchmark-history.md).
     * ``batched_prefill``: the requests admitted in one scheduler round are prefilled together,
       right-padded to one length, in groups of at most ``prefill_max_tokens`` padded rows
       (False: one prefill per request, for A/B timing).
@@ -92,6 +96,7 @@ class NativeEngineConfig:
     compile_backend: str = "inductor"
     kernels: str = "torch"
     prefill_kernel_rows: int = 0
+    pdl: str = "few"
     batched_prefill: bool = True
     prefill_max_tokens: int = 4096
     prefill_graphs: Optional[bool] = None
@@ -132,6 +137,8 @@ class NativeEngineConfig:
             bad("compile_backend", f"must be a torch.compile backend name, got {self.compile_backend!r}")
         if self.kernels not in KERNELS:
             bad("kernels", f"{self.kernels!r}; allowed: {', '.join(KERNELS)}")
+        if self.pdl not in PDL_MODES:
+            bad("pdl", f"{self.pdl!r}; allowed: {', '.join(PDL_MODES)}")
         if self.prefill_graphs is not None and not isinstance(self.prefill_graphs, bool):
             bad("prefill_graphs", f"must be a bool or None, got {self.prefill_graphs!r}")
         for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill", "overlap_steps", "loop_thread"):

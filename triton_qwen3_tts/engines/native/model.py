@@ -175,6 +175,7 @@ class NativeModel:
         self.fused = cfg.fuse_weights
         self.triton_kernels = cfg.kernels == "triton"
         if self.triton_kernels:
+            nk.set_pdl(cfg.pdl)  # before the self-test, which turns it off where Triton lacks it
             why = nk.unavailable_reason(torch.device(dev))
             if why is None:
                 why = nk.self_test(torch.device(dev), self.dtype)

@@ -79,6 +79,7 @@ async def make_engine(cfg: TalkerModelConfig):
             overlap_steps=cfg.native_overlap,
             loop_thread=cfg.native_loop_thread,
             prefill_kernel_rows=cfg.native_prefill_kernel_rows,
+            pdl=cfg.native_pdl,
             **extra,
         ),
     )
