@@ -30,7 +30,8 @@ def ckpt(tmp_path):
 
 
 def params(pbtxt: str) -> dict:
-    return dict(re.findall(r'key: "(\w+)" value: \{ string_value: "([^"]*)" \}', pbtxt))
+    """A config.pbtxt's string parameters, the fused tts's ``talker.``-prefixed ones included."""
+    return dict(re.findall(r'key: "([\w.]+)" value: \{ string_value: "([^"]*)" \}', pbtxt))
 
 
 def test_cpu_python_repository(ckpt, tmp_path):
@@ -342,8 +343,7 @@ def test_every_talker_setting_reaches_the_engine(tiny_checkpoint, tmp_path):
             str(tmp_path / pipeline),
         )
         model = "talker" if pipeline == "split" else "tts"
-        text = open(os.path.join(out, model, "config.pbtxt")).read()
-        p = dict(re.findall(r'key: "([\w.]+)" value: \{ string_value: "([^"]*)" \}', text))
+        p = params(open(os.path.join(out, model, "config.pbtxt")).read())
         prefix = "" if pipeline == "split" else "talker."
         assert p[prefix + "native_pdl"] == "off" and p[prefix + "native_loop_thread"] == "false", pipeline
     cfg = TalkerModelConfig.from_parameters({"checkpoint": "c", "native_pdl": "off", "native_loop_thread": "false"})
