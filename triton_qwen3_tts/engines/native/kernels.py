@@ -722,32 +722,40 @@ def linear(
     assert out.shape == (M, N) and out.stride(-1) == 1
     if residual is not None:
         assert residual.shape == (M, N) and residual.stride(-1) == 1
+    # the operands and epilogue switches both GEMM kernels take (an absent tensor's pointer is
+    # w's, never read then)
+    args = (
+        x,
+        rows if rows is not None else w,
+        w,
+        bias if bias is not None else w,
+        residual if residual is not None else w,
+        out,
+        M,
+        N,
+        K,
+        x.stride(0),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0),
+        float(eps),
+    )
+    flags = dict(
+        GATHER=rows is not None, RMS=rms, SWIGLU=swiglu, HAS_BIAS=bias is not None, HAS_RES=residual is not None
+    )
+    pdl = _pdl(w, M)
     if config is None and M <= GEMV_ROWS:
-        return _gemv(x, w, out, rms, eps, swiglu, bias, residual, rows, M, N, K)
+        BN, BK, warps = gemv_tiles(N, K, swiglu)
+        with _on(w):
+            _gemv_kernel[(triton.cdiv(N, BN),)](
+                *args, **flags, BN=BN, BK=BK, GDC=pdl != "off", num_warps=warps, **_launch_opts(pdl)
+            )
+        return out
     BM, BN, BK, warps, stages = config or tiles(M, N, K, w.element_size(), swiglu, _smem_limit(w.device))
     grid = (triton.cdiv(N, BN), triton.cdiv(M, BM))
-    dummy = w
-    pdl = _pdl(w, M)
     with _on(w):
         _linear_kernel[grid](
-            x,
-            rows if rows is not None else dummy,
-            w,
-            bias if bias is not None else dummy,
-            residual if residual is not None else dummy,
-            out,
-            M,
-            N,
-            K,
-            x.stride(0),
-            residual.stride(0) if residual is not None else 0,
-            out.stride(0),
-            float(eps),
-            GATHER=rows is not None,
-            RMS=rms,
-            SWIGLU=swiglu,
-            HAS_BIAS=bias is not None,
-            HAS_RES=residual is not None,
+            *args,
+            **flags,
             UPCAST=_INTERPRET,
             IEEE=w.dtype == torch.float32,
             BM=BM,
@@ -773,40 +781,6 @@ def gemv_tiles(N: int, K: int, swiglu: bool = False) -> tuple:
     BK = 1 << (K - 1).bit_length()
     BN = max(1, (GEMV_ELEMENTS // (2 if swiglu else 1)) // BK)
     return BN, BK, 4
-
-
-def _gemv(x, w, out, rms, eps, swiglu, bias, residual, rows, M, N, K):
-    """:func:`linear` on :func:`_gemv_kernel` (``M <= GEMV_ROWS``)."""
-    BN, BK, warps = gemv_tiles(N, K, swiglu)
-    dummy = w
-    pdl = _pdl(w, M)
-    with _on(w):
-        _gemv_kernel[(triton.cdiv(N, BN),)](
-            x,
-            rows if rows is not None else dummy,
-            w,
-            bias if bias is not None else dummy,
-            residual if residual is not None else dummy,
-            out,
-            M,
-            N,
-            K,
-            x.stride(0),
-            residual.stride(0) if residual is not None else 0,
-            out.stride(0),
-            float(eps),
-            GATHER=rows is not None,
-            RMS=rms,
-            SWIGLU=swiglu,
-            HAS_BIAS=bias is not None,
-            HAS_RES=residual is not None,
-            BN=BN,
-            BK=BK,
-            GDC=pdl != "off",
-            num_warps=warps,
-            **_launch_opts(pdl),
-        )
-    return out
 
 
 def cp_attention(
