@@ -8,6 +8,7 @@ kernels' tile choice lives in ``kernels.tiles``.
 
     python scripts/kernel_sweep.py --rows 1 64 --json sweep.json
     python scripts/kernel_sweep.py --rows 1 64 --cold --json sweep_cold.json   # weights from DRAM
+    python scripts/kernel_sweep.py --rows 8 64 --cold --configs none --splits 1 2 4 8   # split-K
 """
 
 from __future__ import annotations
@@ -85,6 +86,14 @@ def main() -> int:
         action="store_true",
         help="also time the few-row kernel (kernels.GEMV_ROWS) at row counts up to 8",
     )
+    ap.add_argument(
+        "--splits",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="K parts (split-K) of every candidate tile configuration; the default configuration is also "
+        "timed with kernels.k_splits' choice",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     dev, dt = "cuda", torch.bfloat16
@@ -122,18 +131,22 @@ def main() -> int:
 
         row = {"gemm": name, "M": M, "N": N, "K": K, "cold": args.cold, "torch_ms": _time(torch_ref, args.iters, calls)}
         default = nk.tiles(M, N, K, swiglu=kind == "swiglu")
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        auto = nk.k_splits(-(-N // default[1]) * -(-M // default[0]), K, default[2], sms)
+        default = (*default, auto)  # tiles() and k_splits(): what linear() launches
         best = None
         if args.configs == "none":
-            cands = []
+            cands = [default[1:5]]  # tiles()' alone, under each of --splits
         elif args.configs == "deep":
             cands = [(bn, bk, w_, 2) for bn in (16, 32) for bk in (512, 1024) for w_ in (4, 8)]
         else:
             ws_st = ((4, 3), (4, 4)) if args.configs == "short" else ((4, 2), (4, 3), (4, 4), (4, 5), (8, 3), (8, 4))
             cands = [(bn, bk, w_, st) for bn in (16, 32, 64) for bk in (128, 256) for w_, st in ws_st]
+        cands = [(*c, sp) for c in cands for sp in args.splits]
         if default[1:] not in cands:
             cands.append(default[1:])
-        for BN, BK, warps, stages in cands:
-            cfg = (default[0], BN, BK, warps, stages)  # tiles()' row tile for M
+        for BN, BK, warps, stages, split in cands:
+            cfg = (default[0], BN, BK, warps, stages, split)  # tiles()' row tile for M
             try:
                 ms = _time(lambda i: nk.linear(x, ws[i % copies], config=cfg, **kw), args.iters, calls)
             except Exception as e:  # noqa: BLE001 - a config the compiler refuses (shared memory)
@@ -141,6 +154,9 @@ def main() -> int:
                 print(f"  {name} M={M} {cfg}: {type(e).__name__}")
             if cfg == default:
                 row["default_ms"] = ms
+            row.setdefault("timed", []).append([list(cfg), ms])
+            if args.configs == "none":
+                print(f"  {name} M={M} {cfg}: {ms * 1e3:7.1f} us")
             if best is None or ms < best[0]:
                 best = (ms, cfg)
         row["default"] = default

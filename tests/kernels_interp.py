@@ -66,6 +66,47 @@ def check_linear(out: dict) -> None:
         out[f"linear_strided_{name}"] = _maxdiff(y, xs.float() @ w[:N].float().T)
 
 
+def check_split_k(out: dict) -> None:
+    """The tiled kernel with K cut into parts (split-K: partial sums in the workspace, the
+    tile's last program adds them and runs the epilogue) against one part, every epilogue,
+    1, 2 and 3 row tiles, K not a multiple of the part; twice, so the tile counters reset."""
+    g = torch.Generator().manual_seed(5)
+    worst = {torch.float32: 0.0, torch.bfloat16: 0.0}
+    for dt in worst:
+        for M, K, split in ((3, 320, 3), (70, 256, 2), (130, 192, 3)):
+            N = 40
+            x = torch.randn(M, K, generator=g).to(dt)
+            w = (torch.randn(2 * N, K, generator=g) * 0.1).to(dt)
+            res = torch.randn(M, N, generator=g).to(dt)
+            bias = torch.randn(N, generator=g).to(dt)
+            table = torch.randn(11, K, generator=g).to(dt)
+            rows = torch.randint(0, 11, (M,), generator=g)
+            BM = 16 if M <= 16 else 64
+            ys = []
+            for cfg in ((BM, 32, 64, 4, 2, 1), (BM, 32, 64, 4, 2, split), (BM, 32, 64, 4, 2, split)):
+                ys.append(
+                    (
+                        nk.linear(x, w, rms=True, swiglu=True, residual=res, config=cfg),
+                        nk.linear(x, w[:N], rms=True, out_dtype=torch.float32, config=cfg),
+                        nk.linear(table, w[:N], rows=rows, bias=bias, config=cfg),
+                    )
+                )
+            for other in ys[1:]:
+                worst[dt] = max(worst[dt], *(_maxdiff(a, b) for a, b in zip(ys[0], other)))
+    ws, locks = nk._SPLIT_BUFS[("cpu", None)]
+    out["split_k_maxdiff_float32"] = worst[torch.float32]
+    out["split_k_maxdiff_bfloat16"] = worst[torch.bfloat16]
+    out["split_k_counters_left"] = int(locks.abs().sum())
+    # the default choice: the code predictor's o_proj and down at 64 rows on 132 multiprocessors
+    out["split_k_default"] = [
+        nk.k_splits(64, 2048, 128, 132),
+        nk.k_splits(64, 3072, 256, 132),
+        nk.k_splits(128, 1024, 128, 132),
+        nk.k_splits(264, 1024, 128, 132),
+        nk.k_splits(64, 256, 128, 132),
+    ]
+
+
 def check_gemv(out: dict) -> None:
     """linear on the few-row kernel (``GEMV_ROWS``: whole weight rows per program, fp32 products
     and sums) against the tiled kernel, every epilogue (norm, SwiGLU, residual, gather, bias,
@@ -172,9 +213,12 @@ def check_code_predictor(out: dict) -> None:
         base = dict(max_num_seqs=6, max_model_len=32, device="cpu", dtype="float32", cuda_graphs=False)
         nk.set_pdl("off")
         models = {
-            k: NativeModel(talker, NativeEngineConfig(kernels=k, pdl="on", **base), 0) for k in ("torch", "triton")
+            k: NativeModel(talker, NativeEngineConfig(kernels=k, pdl="on", split_k=3, **base), 0)
+            for k in ("torch", "triton")
         }
         out["cp_pdl_after_load"] = nk.PDL  # the kernels' model sets it from its config (a no-op here)
+        out["cp_split_k_after_load"] = nk.SPLIT_K_TARGET
+        nk.SPLIT_K_TARGET = 2
         g = torch.Generator().manual_seed(2)
         h = torch.randn(7, models["torch"].D, generator=g)
         c0 = torch.randint(0, 64, (7,), generator=g)
@@ -388,6 +432,7 @@ CHECKS = {
     f.__name__: f
     for f in (
         check_linear,
+        check_split_k,
         check_gemv,
         check_attention,
         check_decode_attention,

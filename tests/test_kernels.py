@@ -72,6 +72,17 @@ def test_linear_variants_match_torch(interp):
 
 
 @needs_triton
+def test_split_k_matches_one_part(interp):
+    # the same fp32 sums cut at part boundaries: rounding apart; bf16 outputs rounded once
+    assert interp["split_k_maxdiff_float32"] < 1e-5
+    assert interp["split_k_maxdiff_bfloat16"] < 0.07
+    assert interp["split_k_counters_left"] == 0  # each launch leaves its tile counters at zero
+    # 64 output tiles on 132 multiprocessors: 4 parts (at least 2 K tiles each); 128 tiles: 2;
+    # two tiles per multiprocessor already, or a K of 2 tiles: none
+    assert interp["split_k_default"] == [4, 4, 2, 1, 1]
+
+
+@needs_triton
 def test_few_row_kernel_matches_the_tiled_one(interp):
     assert interp["gemv_default_rows"] == 2  # on by default up to two rows (run 36d)
     # the same sums in another order: fp32 rounding apart; bf16 outputs rounded once either way
@@ -102,6 +113,7 @@ def test_decode_attention_matches_softmax_over_each_rows_positions(interp):
 @pytest.mark.parametrize("proj", ["identity", "projection"])
 def test_code_predictor_same_codes_as_torch_path(interp, proj):
     assert interp["cp_pdl_after_load"] == "on"  # NativeEngineConfig.pdl, set when the model loads
+    assert interp["cp_split_k_after_load"] == 3  # NativeEngineConfig.split_k, likewise
     assert interp[f"cp_{proj}_distinct_codes"] > 10  # the codes vary: the comparison can fail
     for mode in ("greedy", "sampled"):
         assert interp[f"cp_{proj}_{mode}_codes_equal"] == 1.0
@@ -196,6 +208,10 @@ def test_switch_validated():
     with pytest.raises(EngineError, match="pdl: 'always'; allowed: off, on, prefetch, few"):
         NativeEngineConfig(device="cpu", pdl="always")
     assert NativeEngineConfig(device="cpu").pdl == "few"
+    for bad in (-1, 17, 2.0, True):
+        with pytest.raises(EngineError, match=r"split_k: must be an int in \[0, 16\]"):
+            NativeEngineConfig(device="cpu", split_k=bad)
+    assert NativeEngineConfig(device="cpu").split_k == 2
 
 
 @pytest.mark.skipif(nk._INTERPRET, reason="this process runs Triton's interpreter")
@@ -265,19 +281,38 @@ def test_gpu_variants_compile_for_hopper_with_pdl(swiglu):
     the previous grid, releases the next one and prefetches the weight rows (twice with SwiGLU:
     gate and up)."""
     target, ASTSource = _sm90_compiler()
-    sig = dict.fromkeys(("x_ptr", "idx_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr"), "*bf16")
-    sig.update(dict.fromkeys(("M", "N", "K", "stride_xm", "stride_rm", "stride_om"), "i32"), eps="fp32")
-    const = dict(GATHER=False, RMS=True, SWIGLU=swiglu, HAS_BIAS=False, HAS_RES=not swiglu, UPCAST=False)
-    const.update(IEEE=False, BM=16, BN=32, BK=256, GDC=True, PREFETCH=True, LINE=64)
-    src = ASTSource(fn=nk._linear_kernel, signature={**sig, **dict.fromkeys(const, "constexpr")}, constexprs=const)
-    try:
-        ptx = nk.triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 3, "launch_pdl": True}).asm[
-            "ptx"
-        ]
-    except FileNotFoundError as e:  # no ptxas in this Triton
-        pytest.skip(f"no CUDA toolchain in this Triton ({e})")
+    ptx = _linear_ptx(target, ASTSource, swiglu, split=1, BM=16, GDC=True, PREFETCH=True, launch_pdl=True)
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     assert ptx.count("prefetch.global.L2") == (2 if swiglu else 1)
+
+
+def _linear_ptx(target, ASTSource, swiglu: bool, split: int, BM: int, GDC: bool, PREFETCH: bool, **options) -> str:
+    """The tiled GEMM kernel's PTX for sm_90 (bf16, the norm, SwiGLU or a residual)."""
+    sig = dict.fromkeys(("x_ptr", "idx_ptr", "w_ptr", "bias_ptr", "res_ptr", "out_ptr"), "*bf16")
+    sig.update(ws_ptr="*fp32", lock_ptr="*i32", eps="fp32")
+    sig.update(dict.fromkeys(("M", "N", "K", "KS", "stride_xm", "stride_rm", "stride_om"), "i32"))
+    const = dict(GATHER=False, RMS=True, SWIGLU=swiglu, HAS_BIAS=False, HAS_RES=not swiglu, UPCAST=False)
+    const.update(IEEE=False, BM=BM, BN=32, BK=128, SPLIT=split, GDC=GDC, PREFETCH=PREFETCH, LINE=64)
+    src = ASTSource(fn=nk._linear_kernel, signature={**sig, **dict.fromkeys(const, "constexpr")}, constexprs=const)
+    try:
+        return nk.triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 3, **options}).asm["ptx"]
+    except FileNotFoundError as e:  # no ptxas in this Triton
+        pytest.skip(f"no CUDA toolchain in this Triton ({e})")
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_split_k_compiles_for_hopper(swiglu):
+    """The split-K variant compiles for sm_90 (ptxas included): one acquire-release atomic add
+    on the tile's counter after a block barrier (every thread's partial sums stored before it is
+    released), the other parts' sums read from L2 (``.cg``) and the counter reset."""
+    target, ASTSource = _sm90_compiler()
+    ptx = _linear_ptx(target, ASTSource, swiglu, split=4, BM=64, GDC=False, PREFETCH=False)
+    adds = [ln for ln in ptx.splitlines() if "atom." in ln and ".add" in ln]
+    assert len(adds) == 1 and ".acq_rel" in adds[0] and ".gpu" in adds[0], adds
+    assert "bar.sync" in ptx[: ptx.index(adds[0].strip())]
+    assert "ld.global.cg" in ptx
+    exch = [ln for ln in ptx.splitlines() if "atom." in ln and ".exch" in ln]
+    assert len(exch) == 1 and ".relaxed" in exch[0] and ptx.index(exch[0]) > ptx.index(adds[0])
 
 
 @pytest.mark.parametrize("swiglu", [False, True])

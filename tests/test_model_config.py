@@ -110,6 +110,19 @@ def test_talker_pdl_choice():
         TalkerModelConfig.from_parameters({**base, "native_pdl": "always"})
 
 
+def test_talker_split_k_range():
+    """native_split_k: 2 programs per multiprocessor by default (split-K of the tiled GEMMs),
+    0 to 16; a value out of range names the parameter and the range."""
+    from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
+
+    base = {"checkpoint": "ck", "engine": "native"}
+    assert TalkerModelConfig.from_parameters(base).native_split_k == 2
+    assert TalkerModelConfig.from_parameters({**base, "native_split_k": "0"}).native_split_k == 0
+    for bad in ("17", "-1"):
+        with pytest.raises(ModelConfigError, match=f"parameter 'native_split_k': must be 0 to 16; got {bad}"):
+            TalkerModelConfig.from_parameters({**base, "native_split_k": bad})
+
+
 def test_prompt_device_resolves_to_the_native_engines_gpu():
     """prompt_device auto projects prompts on the native engine's GPU; on the CPU, for vLLM (its
     engine has processes of its own) and with prompt_device cpu, on the CPU; a bad value names

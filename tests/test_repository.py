@@ -337,6 +337,7 @@ def test_every_talker_setting_reaches_the_engine(tiny_checkpoint, tmp_path):
                 engine="native",
                 pipeline=pipeline,
                 native_pdl="off",
+                native_split_k=0,
                 native_loop_thread=False,
                 max_num_seqs=4,
             ),
@@ -346,5 +347,6 @@ def test_every_talker_setting_reaches_the_engine(tiny_checkpoint, tmp_path):
         p = params(open(os.path.join(out, model, "config.pbtxt")).read())
         prefix = "" if pipeline == "split" else "talker."
         assert p[prefix + "native_pdl"] == "off" and p[prefix + "native_loop_thread"] == "false", pipeline
+        assert p[prefix + "native_split_k"] == "0", pipeline
     cfg = TalkerModelConfig.from_parameters({"checkpoint": "c", "native_pdl": "off", "native_loop_thread": "false"})
     assert cfg.native_pdl == "off" and cfg.native_loop_thread is False

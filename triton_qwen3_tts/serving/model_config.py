@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Type, TypeVar
 
 from triton_qwen3_tts.model.config import GenerationDefaults
 
-from triton_qwen3_tts.serving.settings import choices, default, device_dtype, int_list
+from triton_qwen3_tts.serving.settings import BY_NAME, SettingError, choices, default, device_dtype, int_list
 from triton_qwen3_tts.serving.tts.admission import AdmissionConfig
 from triton_qwen3_tts.serving.tts.router import DeviceError, parse_gpus
 from triton_qwen3_tts.serving.tts.request import SAMPLE_FORMATS, TASK_TYPES, Sampling, TtsLimits
@@ -113,6 +113,15 @@ def _choice(name, value, allowed):
         raise ModelConfigError(f"parameter '{name}' must be one of {', '.join(allowed)}; got {value!r}")
 
 
+def _allowed(name, value):
+    """``value`` of setting ``name`` within its type and range (serving/settings.py), else a
+    :class:`ModelConfigError` naming the parameter and what it allows."""
+    try:
+        BY_NAME[name].check(value)
+    except SettingError as e:
+        raise ModelConfigError(f"parameter '{name}'{str(e)[len(name) :]}") from None
+
+
 def check_chunk_schedule(first_chunk_frames: int, chunk_ramp, chunk_frames: int) -> None:
     """The chunk sizes of a stream (serving/tts/chunks.py ScheduleConfig): the first chunk, then
     the ramp, then ``chunk_frames`` for ever; the first and every ramp entry in
@@ -158,6 +167,7 @@ class TalkerModelConfig:
     native_loop_thread: bool = default("native_loop_thread")
     native_prefill_kernel_rows: int = default("native_prefill_kernel_rows")
     native_pdl: str = default("native_pdl")
+    native_split_k: int = default("native_split_k")
     prompt_device: str = default("prompt_device")
     engine_cpu_threads: int = default("engine_cpu_threads")
     # pipeline fused (serving/talker/fused.py): the codec runs in this model, scheduled by
@@ -194,6 +204,7 @@ class TalkerModelConfig:
         self.batch_buckets()  # validates native_batch_buckets
         _choice("native_kernels", self.native_kernels, choices("native_kernels"))
         _choice("native_pdl", self.native_pdl, choices("native_pdl"))
+        _allowed("native_split_k", self.native_split_k)
         _choice("prompt_device", self.prompt_device, choices("prompt_device"))
         if not 0 <= self.engine_cpu_threads <= 256:
             raise ModelConfigError(f"parameter 'engine_cpu_threads' must be in [0, 256], got {self.engine_cpu_threads}")

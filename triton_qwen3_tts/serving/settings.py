@@ -244,6 +244,17 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_split_k",
+        2,
+        "native engine with the Triton kernels: a tiled GEMM launch of fewer output tiles than this "
+        "many per multiprocessor cuts K into parts run by programs of their own (split-K; the "
+        "tile's last program adds the parts), so that decode GEMMs of few output tiles (the code "
+        "predictor's at 4-64 rows) keep more weight loads in flight; 0 = never",
+        lo=0,
+        hi=16,
+        group="talker",
+    ),
+    Setting(
         "prompt_device",
         "auto",
         "where each prompt's text rows are projected (two text-width GEMMs per row, float32): 'auto' = "

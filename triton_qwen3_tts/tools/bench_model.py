@@ -151,6 +151,8 @@ def native_knobs(args) -> dict:
         kw["prefill_graphs"] = False
     if args.pdl is not None:
         kw["pdl"] = args.pdl
+    if args.split_k is not None:
+        kw["split_k"] = args.split_k
     if args.exact_math:
         kw["fast_math"] = False
     if args.batch_buckets:
@@ -773,6 +775,14 @@ def parse_args(argv=None):
         "program, no K loop); default: engines/native/kernels.py GEMV_ROWS (2); 0: the tiled kernel always",
     )
     ap.add_argument(
+        "--split-k",
+        type=int,
+        default=None,
+        metavar="PROGRAMS_PER_SM",
+        help="--kernels triton: the tiled GEMM kernel cuts K into parts until a launch has about this many "
+        "programs per multiprocessor (NativeEngineConfig.split_k); default: the engine's (2); 0: never",
+    )
+    ap.add_argument(
         "--pdl",
         choices=PDL_MODES,
         default=None,
@@ -855,6 +865,8 @@ def main(argv=None) -> int:
         kernels.set_decode_attention(args.decode_attention)
         if args.gemv_rows is not None:
             kernels.GEMV_ROWS = args.gemv_rows
+        if args.split_k is not None:  # the engine's load sets it again from NativeEngineConfig.split_k
+            kernels.SPLIT_K_TARGET = args.split_k
     result = {
         "args": {k: v for k, v in vars(args).items()},
         "host": platform.node(),
@@ -872,6 +884,7 @@ def main(argv=None) -> int:
     if args.kernels == "triton":
         result["pdl"] = kernels.PDL  # "off" when the self-test found no PDL in this Triton
         result["gemv_rows"] = kernels.GEMV_ROWS
+        result["split_k"] = kernels.SPLIT_K_TARGET
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=float))
         print(f"wrote {args.json}")

@@ -62,6 +62,10 @@ class NativeEngineConfig:
       the kernels (:func:`kernels.set_pdl`, process-wide, set when the model loads): ``"few"``
       (default) for the launches of at most ``kernels.GEMV_ROWS`` rows, ``"on"``, ``"prefetch"``
       or ``"off"``; the arithmetic is the same in every mode (run 37, docs/benchmark-history.md).
+    * ``split_k``: with ``kernels="triton"``, the tiled GEMM kernel cuts K into parts while a
+      launch has fewer programs than this many per multiprocessor (:data:`kernels.SPLIT_K_TARGET`,
+      process-wide, set when the model loads; 0: never). The parts' fp32 sums are added in a
+      fixed order, so the results do not depend on which program finishes last.
     * ``batched_prefill``: the requests admitted in one scheduler round are prefilled together,
       right-padded to one length, in groups of at most ``prefill_max_tokens`` padded rows
       (False: one prefill per request, for A/B timing).
@@ -97,6 +101,7 @@ class NativeEngineConfig:
     kernels: str = "torch"
     prefill_kernel_rows: int = 0
     pdl: str = "few"
+    split_k: int = 2
     batched_prefill: bool = True
     prefill_max_tokens: int = 4096
     prefill_graphs: Optional[bool] = None
@@ -113,6 +118,9 @@ class NativeEngineConfig:
         v = self.prefill_kernel_rows
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             bad("prefill_kernel_rows", f"must be an int >= 0, got {v!r}")
+        v = self.split_k
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 16:
+            bad("split_k", f"must be an int in [0, 16], got {v!r}")
         if self.max_model_len < 3:
             bad("max_model_len", "must be >= 3 (prompt + at least one frame)")
         if not isinstance(self.device, str) or not (

@@ -225,9 +225,12 @@ if triton is not None:
         bias_ptr,
         res_ptr,
         out_ptr,
+        ws_ptr,
+        lock_ptr,
         M,
         N,
         K,
+        KS,
         stride_xm,
         stride_rm,
         stride_om,
@@ -242,21 +245,31 @@ if triton is not None:
         BM: tl.constexpr,
         BN: tl.constexpr,
         BK: tl.constexpr,
+        SPLIT: tl.constexpr,
         GDC: tl.constexpr,
         PREFETCH: tl.constexpr,
         LINE: tl.constexpr,
     ):
-        """out[m, n] = epi(sum_k x[m, k] * w[n, k]); one program per (BN outputs, BM rows).
+        """out[m, n] = epi(sum_k x[m, k] * w[n, k]); one program per (BN outputs, BM rows, K part).
 
         RMS: ``w`` holds the norm weight folded in (``w[n, k] * ln[k]``), so the norm is a row
         scale ``1 / rms(x[m])`` of the accumulator, its sum of squares gathered from the same
         x tiles the dot reads (no second pass, nothing between the load and the dot).
+
+        SPLIT > 1 (split-K): program ``(n, m, s)`` sums K elements ``[s * KS, (s + 1) * KS)``
+        only and stores its fp32 partial sums (and partial sums of squares) in its slot of the
+        workspace ``ws_ptr``; then it counts itself in its output tile's counter
+        (``lock_ptr``, an atomic add that releases the stores and acquires the others'). The
+        program that arrives last adds the tile's SPLIT partials in slot order (the same sums
+        whichever arrives last), resets the counter to zero for the next launch and runs the
+        epilogue. No program waits for another.
 
         GDC (programmatic dependent launch): wait for the previous kernel before reading x, rows,
         bias or residual and before writing out; PREFETCH: first the first row tile's programs
         prefetch this program's weight rows into L2 (one ``LINE``-element cache line per address)."""
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
+        pid_k = tl.program_id(2)
         rm = pid_m * BM + tl.arange(0, BM)
         rn = pid_n * BN + tl.arange(0, BN)
         m_ok = rm < M
@@ -277,7 +290,8 @@ if triton is not None:
         ss = tl.zeros((BM,), tl.float32)
         acc = tl.zeros((BM, BN), tl.float32)
         acc2 = tl.zeros((BM, BN), tl.float32)
-        for k0 in range(0, K, BK):
+        k_lo = pid_k * KS
+        for k0 in range(k_lo, tl.minimum(k_lo + KS, K), BK):
             rk = k0 + tl.arange(0, BK)
             k_ok = rk < K
             a = tl.load(x_rows + rk[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
@@ -289,6 +303,48 @@ if triton is not None:
             if SWIGLU:  # the up rows follow the N gate rows
                 b2 = tl.load(w_ptr + (rn[None, :] + N) * K + rk[:, None], mask=n_ok[None, :] & k_ok[:, None], other=0.0)
                 acc2 += _dot(a, b2, UPCAST, IEEE)
+        if SPLIT == 1:
+            _linear_epilogue(
+                acc, acc2, ss, rm, rn, m_ok, n_ok, K, eps, bias_ptr, res_ptr, out_ptr, stride_rm, stride_om,
+                RMS, SWIGLU, HAS_BIAS, HAS_RES,
+            )  # fmt: skip
+        else:
+            # a slot: the BM x BN partial sums, the up half's with SwiGLU, then BM sums of squares
+            SLOT: tl.constexpr = BM * BN * (2 if SWIGLU else 1) + BM
+            tile = pid_m * tl.num_programs(0) + pid_n
+            slots = ws_ptr + tl.multiple_of((tile * SPLIT).to(tl.int64) * SLOT, 16)  # 16 | SLOT: vector access
+            cell = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+            mine = slots + tl.multiple_of(pid_k * SLOT, 16)
+            tl.store(mine + cell, acc)
+            if SWIGLU:
+                tl.store(mine + BM * BN + cell, acc2)
+            if RMS:
+                tl.store(mine + (SLOT - BM) + tl.arange(0, BM), ss)
+            tl.debug_barrier()  # every thread's stores before the release below
+            arrived = tl.atomic_add(lock_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLIT - 1:
+                tot = tl.zeros((BM, BN), tl.float32)
+                tot2 = tl.zeros((BM, BN), tl.float32)
+                tss = tl.zeros((BM,), tl.float32)
+                for s in tl.static_range(SPLIT):  # L2 only (.cg): other multiprocessors wrote them
+                    tot += tl.load(slots + s * SLOT + cell, cache_modifier=".cg")
+                    if SWIGLU:
+                        tot2 += tl.load(slots + s * SLOT + BM * BN + cell, cache_modifier=".cg")
+                    if RMS:
+                        tss += tl.load(slots + s * SLOT + (SLOT - BM) + tl.arange(0, BM), cache_modifier=".cg")
+                tl.atomic_xchg(lock_ptr + tile, 0, sem="relaxed", scope="gpu")
+                _linear_epilogue(
+                    tot, tot2, tss, rm, rn, m_ok, n_ok, K, eps, bias_ptr, res_ptr, out_ptr, stride_rm, stride_om,
+                    RMS, SWIGLU, HAS_BIAS, HAS_RES,
+                )  # fmt: skip
+
+    @triton.jit
+    def _linear_epilogue(
+        acc, acc2, ss, rm, rn, m_ok, n_ok, K, eps, bias_ptr, res_ptr, out_ptr, stride_rm, stride_om,
+        RMS: tl.constexpr, SWIGLU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+    ):  # fmt: skip
+        """:func:`_linear_kernel`'s epilogue on a whole tile's sums: the norm's row scale, bias,
+        SwiGLU, residual, the store in out's dtype."""
         if RMS:
             inv = 1.0 / tl.sqrt(ss / K + eps)
             acc = acc * inv[:, None]
@@ -712,7 +768,8 @@ def linear(
     * ``bias [N]``, ``residual [M, N]`` (added last).
 
     Returns ``out [M, N]`` (allocated when not given; ``out_dtype`` defaults to w's dtype).
-    ``config``: (BM, BN, BK, num_warps, num_stages) instead of :func:`tiles`' (for tuning)."""
+    ``config``: (BM, BN, BK, num_warps, num_stages[, K parts]) instead of :func:`tiles`' and
+    :func:`k_splits`' (for tuning; one K part where not given)."""
     assert x.stride(-1) == 1 and w.is_contiguous() and x.shape[-1] == w.shape[1]
     K = w.shape[1]
     M = rows.shape[0] if rows is not None else x.shape[0]
@@ -750,17 +807,37 @@ def linear(
                 *args, **flags, BN=BN, BK=BK, GDC=pdl != "off", num_warps=warps, **_launch_opts(pdl)
             )
         return out
-    BM, BN, BK, warps, stages = config or tiles(M, N, K, w.element_size(), swiglu, _smem_limit(w.device))
-    grid = (triton.cdiv(N, BN), triton.cdiv(M, BM))
+    BM, BN, BK, warps, stages = (
+        config[:5] if config else tiles(M, N, K, w.element_size(), swiglu, _smem_limit(w.device))
+    )
+    grid_nm = triton.cdiv(N, BN) * triton.cdiv(M, BM)
+    if config:
+        split = config[5] if len(config) > 5 else 1
+    else:
+        split = k_splits(grid_nm, K, BK, _sm_count(w.device))
+    k_tiles = triton.cdiv(K, BK)
+    per = triton.cdiv(k_tiles, split)
+    split = triton.cdiv(k_tiles, per)  # no empty parts
+    if split > 1:
+        ws, locks = _split_buffers(w.device, grid_nm * split * (BM * BN * (2 if swiglu else 1) + BM), grid_nm)
+    else:
+        ws = locks = w  # never read
+    grid = (triton.cdiv(N, BN), triton.cdiv(M, BM), split)
     with _on(w):
         _linear_kernel[grid](
-            *args,
+            *args[:6],
+            ws,
+            locks,
+            *args[6:9],
+            per * BK,
+            *args[9:],
             **flags,
             UPCAST=_INTERPRET,
             IEEE=w.dtype == torch.float32,
             BM=BM,
             BN=BN,
             BK=BK,
+            SPLIT=split,
             GDC=pdl != "off",
             PREFETCH=pdl == "prefetch",
             LINE=128 // w.element_size(),
@@ -769,6 +846,51 @@ def linear(
             **_launch_opts(pdl),
         )
     return out
+
+
+# split-K of the tiled kernel: K cut into parts (programs of their own) until the launch has
+# about this many programs per multiprocessor; 0: never. Set before CUDA-graph capture.
+SPLIT_K_TARGET = 2
+SPLIT_K_MIN_TILES = 2  # K tiles per part at least
+
+_SPLIT_BUFS: dict = {}  # device index -> (fp32 workspace, int32 tile counters)
+_SPLIT_OLD: list = []  # replaced buffers: CUDA graphs captured with them still use them
+
+
+def k_splits(programs: int, K: int, BK: int, sms: int) -> int:
+    """The K parts of a tiled launch of ``programs`` (output tiles) over ``K`` in ``BK`` tiles on
+    ``sms`` multiprocessors: doubled while the programs stay within :data:`SPLIT_K_TARGET` per
+    multiprocessor and each part keeps :data:`SPLIT_K_MIN_TILES` K tiles. A decode GEMM's few
+    output tiles (64 for the code predictor's o_proj and down at 64 rows on 132
+    multiprocessors) leave multiprocessors idle and too few weight loads in flight."""
+    split = 1
+    while (
+        SPLIT_K_TARGET > 0
+        and programs * split * 2 <= SPLIT_K_TARGET * sms
+        and -(-K // BK) // (split * 2) >= SPLIT_K_MIN_TILES
+    ):
+        split *= 2
+    return split
+
+
+def _split_buffers(device: torch.device, floats: int, tiles: int) -> tuple:
+    """The split-K workspace (at least ``floats`` fp32) and tile counters (at least ``tiles``,
+    zero between launches: each launch's last program of a tile resets its counter) of
+    ``device``, shared by every launch there (the engine's launches run one after another on one
+    stream). Grown outside CUDA-graph capture only: a warm-up launch before the capture
+    allocates them (a zeroing captured in one graph would not run before the others)."""
+    idx = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
+    ws, locks = _SPLIT_BUFS.get((device.type, idx), (None, None))
+    if ws is None or ws.numel() < floats or locks.numel() < tiles:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("the split-K workspace grows only outside CUDA-graph capture: warm up first")
+        if ws is not None:
+            _SPLIT_OLD.append((ws, locks))
+            floats, tiles = max(floats, ws.numel()), max(tiles, locks.numel())
+        ws = torch.empty(floats, device=device, dtype=torch.float32)
+        locks = torch.zeros(max(tiles, 1024), device=device, dtype=torch.int32)
+        _SPLIT_BUFS[(device.type, idx)] = (ws, locks)
+    return ws, locks
 
 
 GEMV_ELEMENTS = 8192  # weight elements one program of _gemv_kernel loads (BN whole rows)

@@ -176,6 +176,7 @@ class NativeModel:
         self.triton_kernels = cfg.kernels == "triton"
         if self.triton_kernels:
             nk.set_pdl(cfg.pdl)  # before the self-test, which turns it off where Triton lacks it
+            nk.SPLIT_K_TARGET = cfg.split_k
             why = nk.unavailable_reason(torch.device(dev))
             if why is None:
                 why = nk.self_test(torch.device(dev), self.dtype)

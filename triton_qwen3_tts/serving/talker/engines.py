@@ -80,6 +80,7 @@ async def make_engine(cfg: TalkerModelConfig):
             loop_thread=cfg.native_loop_thread,
             prefill_kernel_rows=cfg.native_prefill_kernel_rows,
             pdl=cfg.native_pdl,
+            split_k=cfg.native_split_k,
             **extra,
         ),
     )
