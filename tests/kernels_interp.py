@@ -99,10 +99,11 @@ def check_split_k(out: dict) -> None:
     out["split_k_counters_left"] = int(locks.abs().sum())
     # the default choice: the code predictor's o_proj and down at 64 rows on 132 multiprocessors
     out["split_k_default"] = [
-        nk.k_splits(64, 2048, 128, 132),
-        nk.k_splits(64, 3072, 256, 132),
-        nk.k_splits(128, 1024, 128, 132),
-        nk.k_splits(264, 1024, 128, 132),
+        nk.k_splits(64, 2048, 128, 132),  # o_proj, 64 rows
+        nk.k_splits(64, 3072, 256, 132),  # down, 64 rows
+        nk.k_splits(32, 2048, 256, 132),  # o_proj, 8 rows
+        nk.k_splits(128, 1024, 128, 132),  # q/k/v, 64 rows
+        nk.k_splits(96, 1024, 128, 132),  # gate/up, 64 rows
         nk.k_splits(64, 256, 128, 132),
     ]
 
@@ -218,7 +219,7 @@ def check_code_predictor(out: dict) -> None:
         }
         out["cp_pdl_after_load"] = nk.PDL  # the kernels' model sets it from its config (a no-op here)
         out["cp_split_k_after_load"] = nk.SPLIT_K_TARGET
-        nk.SPLIT_K_TARGET = 2
+        nk.SPLIT_K_TARGET = 1
         g = torch.Generator().manual_seed(2)
         h = torch.randn(7, models["torch"].D, generator=g)
         c0 = torch.randint(0, 64, (7,), generator=g)

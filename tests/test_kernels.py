@@ -77,9 +77,9 @@ def test_split_k_matches_one_part(interp):
     assert interp["split_k_maxdiff_float32"] < 1e-5
     assert interp["split_k_maxdiff_bfloat16"] < 0.07
     assert interp["split_k_counters_left"] == 0  # each launch leaves its tile counters at zero
-    # 64 output tiles on 132 multiprocessors: 4 parts (at least 2 K tiles each); 128 tiles: 2;
-    # two tiles per multiprocessor already, or a K of 2 tiles: none
-    assert interp["split_k_default"] == [4, 4, 2, 1, 1]
+    # at most one program per multiprocessor (132): 64 output tiles in 2 parts, 32 in 4 (at
+    # least 2 K tiles each); 128 tiles or more, or a K of 2 tiles: none
+    assert interp["split_k_default"] == [2, 2, 4, 1, 1, 1]
 
 
 @needs_triton
@@ -211,7 +211,7 @@ def test_switch_validated():
     for bad in (-1, 17, 2.0, True):
         with pytest.raises(EngineError, match=r"split_k: must be an int in \[0, 16\]"):
             NativeEngineConfig(device="cpu", split_k=bad)
-    assert NativeEngineConfig(device="cpu").split_k == 2
+    assert NativeEngineConfig(device="cpu").split_k == 1
 
 
 @pytest.mark.skipif(nk._INTERPRET, reason="this process runs Triton's interpreter")

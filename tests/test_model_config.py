@@ -111,12 +111,12 @@ def test_talker_pdl_choice():
 
 
 def test_talker_split_k_range():
-    """native_split_k: 2 programs per multiprocessor by default (split-K of the tiled GEMMs),
+    """native_split_k: 1 program per multiprocessor by default (split-K of the tiled GEMMs),
     0 to 16; a value out of range names the parameter and the range."""
     from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
 
     base = {"checkpoint": "ck", "engine": "native"}
-    assert TalkerModelConfig.from_parameters(base).native_split_k == 2
+    assert TalkerModelConfig.from_parameters(base).native_split_k == 1
     assert TalkerModelConfig.from_parameters({**base, "native_split_k": "0"}).native_split_k == 0
     for bad in ("17", "-1"):
         with pytest.raises(ModelConfigError, match=f"parameter 'native_split_k': must be 0 to 16; got {bad}"):

@@ -245,7 +245,7 @@ SETTINGS: Tuple[Setting, ...] = (
     ),
     Setting(
         "native_split_k",
-        2,
+        1,
         "native engine with the Triton kernels: a tiled GEMM launch of fewer output tiles than this "
         "many per multiprocessor cuts K into parts run by programs of their own (split-K; the "
         "tile's last program adds the parts), so that decode GEMMs of few output tiles (the code "

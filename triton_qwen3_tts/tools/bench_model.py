@@ -780,7 +780,7 @@ def parse_args(argv=None):
         default=None,
         metavar="PROGRAMS_PER_SM",
         help="--kernels triton: the tiled GEMM kernel cuts K into parts until a launch has about this many "
-        "programs per multiprocessor (NativeEngineConfig.split_k); default: the engine's (2); 0: never",
+        "programs per multiprocessor (NativeEngineConfig.split_k); default: the engine's (1); 0: never",
     )
     ap.add_argument(
         "--pdl",

@@ -101,7 +101,7 @@ class NativeEngineConfig:
     kernels: str = "torch"
     prefill_kernel_rows: int = 0
     pdl: str = "few"
-    split_k: int = 2
+    split_k: int = 1
     batched_prefill: bool = True
     prefill_max_tokens: int = 4096
     prefill_graphs: Optional[bool] = None

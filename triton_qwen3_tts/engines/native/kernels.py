@@ -454,7 +454,10 @@ if triton is not None:
         GDC: tl.constexpr,
     ):
         """One (batch row b, kv head g): the T new rows' k/v normed, roped and written to the
-        cache at positions p0..p0+T-1, then the REP query heads of g over keys 0..p0+t."""
+        cache at positions p0..p0+T-1, then the REP query heads of g over keys 0..p0+t: the
+        cached positions 0..p0-1 loaded at the start, beside the new rows (earlier launches
+        wrote them), and the new rows' keys and values put in from registers, rounded as
+        stored, so no load waits for this program's own stores."""
         REP: tl.constexpr = H // KVH
         QR: tl.constexpr = T * REP
         HALF: tl.constexpr = HD // 2
@@ -469,6 +472,10 @@ if triton is not None:
         kw_rot = tl.load(qkw_ptr + (H + g) * HD + d_rot).to(tl.float32)
         kc = kc_ptr + b * stride_cb + g * stride_ch
         vc = vc_ptr + b * stride_cb + g * stride_ch
+        pp = tl.arange(0, P)
+        past = (pp < p0)[:, None]
+        kk = tl.load(kc + pp[:, None] * stride_cp + d[None, :], mask=past, other=0.0).to(tl.float32)
+        vv = tl.load(vc + pp[:, None] * stride_cp + d[None, :], mask=past, other=0.0).to(tl.float32)
         for t in tl.static_range(T):
             row = qkv_ptr + (b * T + t) * stride_qkv
             k = tl.load(row + (H + g) * HD + d).to(tl.float32)
@@ -476,11 +483,13 @@ if triton is not None:
             inv = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
             c = tl.load(cos_ptr + (p0 + t) * HD + d).to(tl.float32)
             s = tl.load(sin_ptr + (p0 + t) * HD + d).to(tl.float32)
-            k = (k * inv * kw) * c + (k_rot * inv * kw_rot) * s
-            tl.store(kc + (p0 + t) * stride_cp + d, k.to(kc_ptr.dtype.element_ty))
-            v = tl.load(row + (H + KVH + g) * HD + d)
+            k = ((k * inv * kw) * c + (k_rot * inv * kw_rot) * s).to(kc_ptr.dtype.element_ty)
+            tl.store(kc + (p0 + t) * stride_cp + d, k)
+            v = tl.load(row + (H + KVH + g) * HD + d).to(vc_ptr.dtype.element_ty)
             tl.store(vc + (p0 + t) * stride_cp + d, v)
-        tl.debug_barrier()  # the rows just written are read back below by other threads
+            new = (pp == p0 + t)[:, None]
+            kk = tl.where(new, k.to(tl.float32)[None, :], kk)
+            vv = tl.where(new, v.to(tl.float32)[None, :], vv)
         # queries: QR rows (t major, then the REP heads of g)
         qr = tl.arange(0, QR)
         qt = qr // REP
@@ -495,10 +504,6 @@ if triton is not None:
         qs = tl.load(sin_ptr + (p0 + qt)[:, None] * HD + d[None, :]).to(tl.float32)
         q = (q * qinv[:, None] * qw) * qc + (q_rot * qinv[:, None] * qw_rot) * qs
         q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)  # the model dtype's rounding of q
-        pp = tl.arange(0, P)
-        p_ok = pp < p0 + T
-        kk = tl.load(kc + pp[:, None] * stride_cp + d[None, :], mask=p_ok[:, None], other=0.0).to(tl.float32)
-        vv = tl.load(vc + pp[:, None] * stride_cp + d[None, :], mask=p_ok[:, None], other=0.0).to(tl.float32)
         scores = tl.sum(q[:, None, :] * kk[None, :, :], axis=2) * scale  # [QR, P]
         allowed = pp[None, :] <= (p0 + qt)[:, None]
         scores = tl.where(allowed, scores, float("-inf"))
@@ -850,7 +855,12 @@ def linear(
 
 # split-K of the tiled kernel: K cut into parts (programs of their own) until the launch has
 # about this many programs per multiprocessor; 0: never. Set before CUDA-graph capture.
-SPLIT_K_TARGET = 2
+# 1: on the H200 (run 38a, cold weights) 2 parts took the code predictor's o_proj, down and head
+# at 64 rows (64 output tiles) from 6.5/7.6/6.6 to 5.4/6.6/6.4 us, and 4 parts its o_proj and
+# down at 8 rows (32 tiles) from 6.9/9.0 to 5.2/6.0; launches of 96-128 tiles (q/k/v, gate/up)
+# were slower split (7.0 -> 8.6 us); the frame step at 4-8 rows 5.79-5.87 -> 5.29-5.37 ms, at 64
+# 5.81 -> 5.67 (2: 6.52)
+SPLIT_K_TARGET = 1
 SPLIT_K_MIN_TILES = 2  # K tiles per part at least
 
 _SPLIT_BUFS: dict = {}  # device index -> (fp32 workspace, int32 tile counters)
