@@ -337,3 +337,24 @@ def test_few_row_kernel_compiles_for_hopper(swiglu):
     assert ptx.count("ld.global") >= 8  # the weight tile's vector loads (and x, bias, residual)
     # with programmatic dependent launch the weight loads come before the wait
     assert "griddepcontrol.wait" in ptx and ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+
+
+@pytest.mark.parametrize("T", [1, 2])
+def test_code_predictor_attention_loads_everything_before_it_stores(T):
+    """The code predictor's attention kernel compiles for sm_90 (ptxas included) and issues
+    every global load before its first store (the new rows' keys and values enter the attention
+    from registers), so no load waits behind the cache write: one memory round trip."""
+    target, ASTSource = _sm90_compiler()
+    sig = dict.fromkeys(("qkv_ptr", "qkw_ptr", "cos_ptr", "sin_ptr", "kc_ptr", "vc_ptr", "o_ptr"), "*bf16")
+    sig.update(dict.fromkeys(("p0", "stride_qkv", "stride_o", "stride_cb", "stride_ch", "stride_cp"), "i32"))
+    sig.update(eps="fp32", scale="fp32")
+    const = dict(T=T, H=16, KVH=8, HD=128, P=16, GDC=False)
+    src = ASTSource(fn=nk._cp_attn_kernel, signature={**sig, **dict.fromkeys(const, "constexpr")}, constexprs=const)
+    try:
+        lines = nk.triton.compile(src, target=target, options={"num_warps": 4}).asm["ptx"].splitlines()
+    except FileNotFoundError as e:  # no ptxas in this Triton
+        pytest.skip(f"no CUDA toolchain in this Triton ({e})")
+    stores = [i for i, ln in enumerate(lines) if "st.global" in ln]
+    loads = [i for i, ln in enumerate(lines) if "ld.global" in ln]
+    assert stores and len(loads) >= 10
+    assert max(loads) < min(stores)

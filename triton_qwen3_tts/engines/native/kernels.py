@@ -454,10 +454,12 @@ if triton is not None:
         GDC: tl.constexpr,
     ):
         """One (batch row b, kv head g): the T new rows' k/v normed, roped and written to the
-        cache at positions p0..p0+T-1, then the REP query heads of g over keys 0..p0+t: the
-        cached positions 0..p0-1 loaded at the start, beside the new rows (earlier launches
-        wrote them), and the new rows' keys and values put in from registers, rounded as
-        stored, so no load waits for this program's own stores."""
+        cache at positions p0..p0+T-1, then the REP query heads of g over keys 0..p0+t.
+
+        Every load is issued at the start, in one round trip: the new rows' q/k/v, the norm
+        weights, cos/sin and the cached positions 0..p0-1 (earlier launches wrote them); the
+        new rows' keys and values enter the attention from registers, rounded as stored, so no
+        load waits for this program's own stores."""
         REP: tl.constexpr = H // KVH
         QR: tl.constexpr = T * REP
         HALF: tl.constexpr = HD // 2
@@ -476,20 +478,14 @@ if triton is not None:
         past = (pp < p0)[:, None]
         kk = tl.load(kc + pp[:, None] * stride_cp + d[None, :], mask=past, other=0.0).to(tl.float32)
         vv = tl.load(vc + pp[:, None] * stride_cp + d[None, :], mask=past, other=0.0).to(tl.float32)
-        for t in tl.static_range(T):
-            row = qkv_ptr + (b * T + t) * stride_qkv
-            k = tl.load(row + (H + g) * HD + d).to(tl.float32)
-            k_rot = tl.load(row + (H + g) * HD + d_rot).to(tl.float32)
-            inv = 1.0 / tl.sqrt(tl.sum(k * k, axis=0) / HD + eps)
-            c = tl.load(cos_ptr + (p0 + t) * HD + d).to(tl.float32)
-            s = tl.load(sin_ptr + (p0 + t) * HD + d).to(tl.float32)
-            k = ((k * inv * kw) * c + (k_rot * inv * kw_rot) * s).to(kc_ptr.dtype.element_ty)
-            tl.store(kc + (p0 + t) * stride_cp + d, k)
-            v = tl.load(row + (H + KVH + g) * HD + d).to(vc_ptr.dtype.element_ty)
-            tl.store(vc + (p0 + t) * stride_cp + d, v)
-            new = (pp == p0 + t)[:, None]
-            kk = tl.where(new, k.to(tl.float32)[None, :], kk)
-            vv = tl.where(new, v.to(tl.float32)[None, :], vv)
+        # the new rows' keys and values: [T, HD]
+        tt = tl.arange(0, T)
+        rows = qkv_ptr + (b * T + tt)[:, None] * stride_qkv
+        k = tl.load(rows + (H + g) * HD + d[None, :]).to(tl.float32)
+        k_rot = tl.load(rows + (H + g) * HD + d_rot[None, :]).to(tl.float32)
+        v = tl.load(rows + (H + KVH + g) * HD + d[None, :]).to(vc_ptr.dtype.element_ty)
+        c = tl.load(cos_ptr + (p0 + tt)[:, None] * HD + d[None, :]).to(tl.float32)
+        s = tl.load(sin_ptr + (p0 + tt)[:, None] * HD + d[None, :]).to(tl.float32)
         # queries: QR rows (t major, then the REP heads of g)
         qr = tl.arange(0, QR)
         qt = qr // REP
@@ -499,9 +495,21 @@ if triton is not None:
         q_rot = tl.load(q_rows + d_rot[None, :]).to(tl.float32)
         qw = tl.load(qkw_ptr + (qh * HD)[:, None] + d[None, :]).to(tl.float32)
         qw_rot = tl.load(qkw_ptr + (qh * HD)[:, None] + d_rot[None, :]).to(tl.float32)
-        qinv = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
         qc = tl.load(cos_ptr + (p0 + qt)[:, None] * HD + d[None, :]).to(tl.float32)
         qs = tl.load(sin_ptr + (p0 + qt)[:, None] * HD + d[None, :]).to(tl.float32)
+        # k: norm, RoPE, the model dtype; written to the cache with v, and into kk/vv
+        inv = 1.0 / tl.sqrt(tl.sum(k * k, axis=1) / HD + eps)
+        k = ((k * inv[:, None] * kw[None, :]) * c + (k_rot * inv[:, None] * kw_rot[None, :]) * s).to(
+            kc_ptr.dtype.element_ty
+        )
+        tl.store(kc + (p0 + tt)[:, None] * stride_cp + d[None, :], k)
+        tl.store(vc + (p0 + tt)[:, None] * stride_cp + d[None, :], v)
+        for t in tl.static_range(T):
+            sel = (tt == t)[:, None]
+            new = (pp == p0 + t)[:, None]
+            kk = tl.where(new, tl.sum(tl.where(sel, k.to(tl.float32), 0.0), axis=0)[None, :], kk)
+            vv = tl.where(new, tl.sum(tl.where(sel, v.to(tl.float32), 0.0), axis=0)[None, :], vv)
+        qinv = 1.0 / tl.sqrt(tl.sum(q * q, axis=1) / HD + eps)
         q = (q * qinv[:, None] * qw) * qc + (q_rot * qinv[:, None] * qw_rot) * qs
         q = q.to(kc_ptr.dtype.element_ty).to(tl.float32)  # the model dtype's rounding of q
         scores = tl.sum(q[:, None, :] * kk[None, :, :], axis=2) * scale  # [QR, P]
