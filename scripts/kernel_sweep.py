@@ -75,11 +75,13 @@ def main() -> int:
     )
     ap.add_argument(
         "--configs",
-        choices=("short", "wide", "deep", "none"),
+        choices=("short", "wide", "deep", "split", "none"),
         default="short",
         help="short: N tiles 16/32/64 x K tiles 128/256 x (4 warps, 3 or 4 stages); wide: also 8 warps and 2 "
         "or 5 stages; deep: N tiles 16/32 x K tiles 512/1024 x (4 or 8 warps, 2 stages), fewer K steps per "
-        "program (the K loop is not software-pipelined: one memory latency per K tile); none: tiles()' alone",
+        "program (the K loop is not software-pipelined: one memory latency per K tile); split: N tiles 32/64 x K "
+        "tiles 128 x (4 warps and 3 or 4 stages, 8 warps and 4), wider output tiles for --splits to refill; none: "
+        "tiles()' alone",
     )
     ap.add_argument(
         "--gemv",
@@ -137,6 +139,8 @@ def main() -> int:
         best = None
         if args.configs == "none":
             cands = [default[1:5]]  # tiles()' alone, under each of --splits
+        elif args.configs == "split":
+            cands = [(bn, 128, w_, st) for bn in (32, 64) for w_, st in ((4, 3), (4, 4), (8, 4))]
         elif args.configs == "deep":
             cands = [(bn, bk, w_, 2) for bn in (16, 32) for bk in (512, 1024) for w_ in (4, 8)]
         else:
