@@ -184,6 +184,15 @@ def test_tiles_cover_rows_and_split_outputs():
     # run 31b's cold-weight sweep: the talker's wide gate/up takes 64-wide N tiles at any row count
     assert nk.tiles(1, 6144, 2048, swiglu=True)[1:3] == (64, 128)
     assert nk.tiles(64, 6144, 2048, swiglu=True)[1:3] == (64, 128)
+    # one row tile, large weights (the 1.7B talker's q/k/v, down, head): wide tiles, split-K
+    # refills the programs (run 38i); two row tiles, or smaller weights, keep the narrow ones
+    for N, K in ((4096, 2048), (2048, 6144), (3072, 2048)):
+        assert nk.tiles(64, N, K) == (64, 64, 128, 4, 4), (N, K)
+        assert nk.tiles(32, N, K) == (64, 64, 128, 4, 4), (N, K)
+    assert nk.tiles(128, 4096, 2048)[1] == 32 and nk.tiles(128, 2048, 6144)[1] == 16
+    assert nk.tiles(64, 2048, 2048)[1] == 16 and nk.tiles(64, 4096, 1024)[1] == 32
+    # and the parts: 64, 32 and 48 output tiles on 132 multiprocessors
+    assert [nk.k_splits(t, K, 128, 132) for t, K in ((64, 2048), (32, 6144), (48, 2048))] == [2, 4, 2]
     assert nk.tiles(64, 4096, 1024)[3] == 8  # wide outputs at 64 rows: 8 warps
 
 
