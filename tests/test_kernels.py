@@ -367,3 +367,20 @@ def test_code_predictor_attention_loads_everything_before_it_stores(T):
     loads = [i for i, ln in enumerate(lines) if "ld.global" in ln]
     assert stores and len(loads) >= 10
     assert max(loads) < min(stores)
+
+
+def test_split_k_buffers_grow_and_keep_the_old_ones(monkeypatch):
+    """The split-K workspace and tile counters of a device: reused while large enough, replaced
+    by larger ones when a launch needs more (the old pair kept: CUDA graphs captured with it
+    still use it), counters zero on allocation."""
+    monkeypatch.setattr(nk, "_SPLIT_BUFS", {})
+    monkeypatch.setattr(nk, "_SPLIT_OLD", [])
+    cpu = torch.device("cpu")
+    ws, locks = nk._split_buffers(cpu, 100, 10)
+    assert ws.numel() == 100 and ws.dtype == torch.float32
+    assert locks.numel() >= 1024 and locks.dtype == torch.int32 and int(locks.abs().sum()) == 0
+    assert nk._split_buffers(cpu, 50, 10)[0] is ws  # large enough: the same pair
+    ws2, locks2 = nk._split_buffers(cpu, 300, 2000)
+    assert ws2.numel() == 300 and locks2.numel() == 2000 and int(locks2.abs().sum()) == 0
+    assert nk._SPLIT_OLD == [(ws, locks)]
+    assert nk._split_buffers(cpu, 200, 10)[0] is ws2
