@@ -173,7 +173,7 @@ def _smem_need(BM, BN, BK, stages, elt, swiglu):
     return stages * (BM * BK + (2 if swiglu else 1) * BK * BN) * elt
 
 
-def test_tiles_cover_rows_and_split_outputs():
+def test_tiles_cover_rows_and_split_outputs(monkeypatch):
     for M in (1, 8, 16, 17, 32, 64, 128):
         BM, BN, BK, warps, stages = nk.tiles(M, 4096, 1024)
         assert BM == (16 if M <= 16 else 64)  # one row tile up to 64 rows (no 32-row tiles)
@@ -191,6 +191,9 @@ def test_tiles_cover_rows_and_split_outputs():
         assert nk.tiles(32, N, K) == (64, 64, 128, 4, 4), (N, K)
     assert nk.tiles(128, 4096, 2048)[1] == 32 and nk.tiles(128, 2048, 6144)[1] == 16
     assert nk.tiles(64, 2048, 2048)[1] == 16 and nk.tiles(64, 4096, 1024)[1] == 32
+    monkeypatch.setattr(nk, "SPLIT_K_TARGET", 0)  # split-K off: the narrow tiles keep the programs
+    assert nk.tiles(64, 4096, 2048)[1] == 32 and nk.tiles(64, 2048, 6144)[1] == 16
+    monkeypatch.undo()
     # and the parts: 64, 32 and 48 output tiles on 132 multiprocessors
     assert [nk.k_splits(t, K, 128, 132) for t, K in ((64, 2048), (32, 6144), (48, 2048))] == [2, 4, 2]
     assert nk.tiles(64, 4096, 1024)[3] == 8  # wide outputs at 64 rows: 8 warps

@@ -246,10 +246,11 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting(
         "native_split_k",
         1,
-        "native engine with the Triton kernels: a tiled GEMM launch of fewer output tiles than this "
-        "many per multiprocessor cuts K into parts run by programs of their own (split-K; the "
-        "tile's last program adds the parts), so that decode GEMMs of few output tiles (the code "
-        "predictor's at 4-64 rows) keep more weight loads in flight; 0 = never",
+        "native engine with the Triton kernels: a tiled GEMM launch of few output tiles cuts K "
+        "into parts run by programs of their own (split-K; the tile's last program adds the "
+        "parts) while the launch stays within this many programs per multiprocessor, so that decode "
+        "GEMMs of few output tiles (the code predictor's at 4-64 rows, the talker's largest with "
+        "wide tiles) keep more weight loads in flight; 0 = never (and no wide tiles)",
         lo=0,
         hi=16,
         group="talker",

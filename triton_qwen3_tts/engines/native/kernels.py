@@ -713,8 +713,8 @@ def tiles(M: int, N: int, K: int, elt: int = 2, swiglu: bool = False, smem: Opti
     on 32 x 128 tiles for the wide projections, 64 x 128 for the talker's gate/up; in one row
     tile (17-64 rows) weights of at least 6 Mi elements (the 1.7B talker's q/k/v, down and
     head) take 64 x 128 tiles, 4 warps and 4 stages, the programs refilled by split-K
-    (:func:`k_splits`): half or a quarter of the input re-reads from L2 (run 38i on the H200:
-    11.2 -> 10.6, 13.5 -> 12.0 and 10.9 -> 10.1 us).
+    (:func:`k_splits`; not with it off): half or a quarter of the input re-reads from L2 (run
+    38i on the H200: 11.2 -> 10.6, 13.5 -> 12.0 and 10.9 -> 10.1 us).
     The pipeline buffers ``stages x (BM x BK + BK x BN per weight tile)`` elements (two weight
     tiles with ``swiglu``); where that exceeds ``smem`` (smaller GPUs than the H100, fp32),
     stages and then K depth are cut until it fits."""
@@ -731,7 +731,7 @@ def tiles(M: int, N: int, K: int, elt: int = 2, swiglu: bool = False, smem: Opti
         BM = 64
         if swiglu:
             BN, BK, stages = (64 if N >= 4096 else 32), min(deep, 128), (4 if N >= 4096 else 3)
-        elif M <= 64 and N * K >= 6 << 20:
+        elif M <= 64 and N * K >= 6 << 20 and SPLIT_K_TARGET > 0:  # without split-K: too few programs
             BN, BK, stages = 64, min(deep, 128), 4
         elif narrow:
             BN, BK = 16, (deep if K >= 3072 else min(deep, 128))
