@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Mapping, Optional, Type, TypeVar
+from typing import Any, Mapping, Optional, Tuple, Type, TypeVar
 
 from triton_qwen3_tts.model.config import GenerationDefaults
 
@@ -122,14 +122,16 @@ def _allowed(name, value):
         raise ModelConfigError(f"parameter '{name}'{str(e)[len(name) :]}") from None
 
 
-def check_chunk_schedule(first_chunk_frames: int, chunk_ramp, chunk_frames: int) -> None:
+def chunk_schedule_problem(first_chunk_frames: int, chunk_ramp, chunk_frames: int) -> Optional[Tuple[str, str]]:
     """The chunk sizes of a stream (serving/tts/chunks.py ScheduleConfig): the first chunk, then
     the ramp, then ``chunk_frames`` for ever; the first and every ramp entry in
-    ``[1, chunk_frames]``. A :class:`ModelConfigError` naming the settings otherwise."""
+    ``[1, chunk_frames]``. None when they are; else ``(noun, problem)``: the problem with the
+    settings it concerns quoted by name, and ``"parameter"`` or ``"parameters"`` for a model's
+    error to put before it (the repository builder's errors name settings without it)."""
     if not 1 <= first_chunk_frames <= chunk_frames:
-        raise ModelConfigError(
-            f"parameters 'first_chunk_frames' ({first_chunk_frames}) and 'chunk_frames' "
-            f"({chunk_frames}) need 1 <= first_chunk_frames <= chunk_frames"
+        return "parameters", (
+            f"'first_chunk_frames' ({first_chunk_frames}) and 'chunk_frames' ({chunk_frames}) need "
+            "1 <= first_chunk_frames <= chunk_frames"
         )
     bad = [v for v in chunk_ramp if not 1 <= v <= chunk_frames]
     if bad:
@@ -139,10 +141,17 @@ def check_chunk_schedule(first_chunk_frames: int, chunk_ramp, chunk_frames: int)
             if max(bad) > chunk_frames
             else ""
         )
-        raise ModelConfigError(
-            f"parameter 'chunk_ramp' ({ramp}) has {', '.join(str(v) for v in bad)} outside [1, chunk_frames="
-            f"{chunk_frames}]{hint}"
+        return "parameter", (
+            f"'chunk_ramp' ({ramp}) has {', '.join(str(v) for v in bad)} outside [1, chunk_frames={chunk_frames}]{hint}"
         )
+    return None
+
+
+def check_chunk_schedule(first_chunk_frames: int, chunk_ramp, chunk_frames: int) -> None:
+    """:func:`chunk_schedule_problem` as a :class:`ModelConfigError` naming the parameters."""
+    problem = chunk_schedule_problem(first_chunk_frames, chunk_ramp, chunk_frames)
+    if problem is not None:
+        raise ModelConfigError(" ".join(problem))
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def _cross_checks(self) -> None:
             f"default_max_frames must be in [1, max_frames_limit={self.max_frames_limit}], "
             f"got {self.default_max_frames}"
         )
-    from triton_qwen3_tts.serving.model_config import ModelConfigError, check_chunk_schedule
+    from triton_qwen3_tts.serving.model_config import chunk_schedule_problem
 
     try:
         ramp = int_list(self.chunk_ramp)
@@ -93,10 +93,9 @@ def _cross_checks(self) -> None:
         raise RepositoryError(
             "chunk_ramp: at least one frame count (for no ramp, give chunk_frames itself, e.g. --chunk-ramp 16)"
         )
-    try:
-        check_chunk_schedule(self.first_chunk_frames, ramp, self.chunk_frames)
-    except ModelConfigError as e:
-        raise RepositoryError(str(e).replace("parameters ", "").replace("parameter ", "")) from None
+    problem = chunk_schedule_problem(self.first_chunk_frames, ramp, self.chunk_frames)
+    if problem is not None:
+        raise RepositoryError(problem[1])
     if not os.path.isfile(os.path.join(self.checkpoint, "config.json")):
         raise RepositoryError(f"{self.checkpoint} is not a checkpoint directory (no config.json)")
 
