@@ -132,10 +132,7 @@ def main() -> int:
             return y.float() if kind == "head" else y
 
         row = {"gemm": name, "M": M, "N": N, "K": K, "cold": args.cold, "torch_ms": _time(torch_ref, args.iters, calls)}
-        default = nk.tiles(M, N, K, swiglu=kind == "swiglu")
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        auto = nk.k_splits(-(-N // default[1]) * -(-M // default[0]), K, default[2], sms)
-        default = (*default, auto)  # tiles() and k_splits(): what linear() launches
+        default = nk.launch_config(M, N, K, x.device, swiglu=kind == "swiglu")  # what linear() launches
         best = None
         if args.configs == "none":
             cands = [default[1:5]]  # tiles()' alone, under each of --splits

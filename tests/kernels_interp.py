@@ -213,13 +213,14 @@ def check_code_predictor(out: dict) -> None:
         talker = _talker("tiny", hidden, 0.2)
         base = dict(max_num_seqs=6, max_model_len=32, device="cpu", dtype="float32", cuda_graphs=False)
         nk.set_pdl("off")
+        target = nk.SPLIT_K_TARGET
         models = {
             k: NativeModel(talker, NativeEngineConfig(kernels=k, pdl="on", split_k=3, **base), 0)
             for k in ("torch", "triton")
         }
         out["cp_pdl_after_load"] = nk.PDL  # the kernels' model sets it from its config (a no-op here)
         out["cp_split_k_after_load"] = nk.SPLIT_K_TARGET
-        nk.SPLIT_K_TARGET = 1
+        nk.SPLIT_K_TARGET = target
         g = torch.Generator().manual_seed(2)
         h = torch.randn(7, models["torch"].D, generator=g)
         c0 = torch.randint(0, 64, (7,), generator=g)

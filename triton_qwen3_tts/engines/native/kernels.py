@@ -139,7 +139,7 @@ def _pdl(t: torch.Tensor, rows: int) -> str:
     mode = pdl_mode(rows)
     if mode == "off" or not t.is_cuda or _INTERPRET:
         return "off"
-    idx = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    idx = _cuda_index(t.device)
     if idx not in _PDL_DEVICES:
         _PDL_DEVICES[idx] = torch.cuda.get_device_capability(idx)[0] >= 9
     return mode if _PDL_DEVICES[idx] else "off"
@@ -751,10 +751,15 @@ def tiles(M: int, N: int, K: int, elt: int = 2, swiglu: bool = False, smem: Opti
 _PROPS: dict = {}  # device index -> Triton's device properties
 
 
+def _cuda_index(device: torch.device) -> int:
+    """The index of CUDA ``device`` (the current device where it names none)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _props(device: torch.device) -> dict:
     """Triton's properties of CUDA ``device`` (``max_shared_mem``, ``multiprocessor_count``, ...),
     read once per device."""
-    idx = device.index if device.index is not None else torch.cuda.current_device()
+    idx = _cuda_index(device)
     if idx not in _PROPS:
         _PROPS[idx] = triton.runtime.driver.active.utils.get_device_properties(idx)
     return _PROPS[idx]
@@ -793,8 +798,8 @@ def linear(
     * ``bias [N]``, ``residual [M, N]`` (added last).
 
     Returns ``out [M, N]`` (allocated when not given; ``out_dtype`` defaults to w's dtype).
-    ``config``: (BM, BN, BK, num_warps, num_stages[, K parts]) instead of :func:`tiles`' and
-    :func:`k_splits`' (for tuning; one K part where not given)."""
+    ``config``: (BM, BN, BK, num_warps, num_stages[, K parts]) instead of
+    :func:`launch_config`'s (for tuning; one K part where not given)."""
     assert x.stride(-1) == 1 and w.is_contiguous() and x.shape[-1] == w.shape[1]
     K = w.shape[1]
     M = rows.shape[0] if rows is not None else x.shape[0]
@@ -832,14 +837,9 @@ def linear(
                 *args, **flags, BN=BN, BK=BK, GDC=pdl != "off", num_warps=warps, **_launch_opts(pdl)
             )
         return out
-    BM, BN, BK, warps, stages = (
-        config[:5] if config else tiles(M, N, K, w.element_size(), swiglu, _smem_limit(w.device))
-    )
+    BM, BN, BK, warps, stages, *parts = config or launch_config(M, N, K, w.device, w.element_size(), swiglu)
+    split = parts[0] if parts else 1
     grid_nm = triton.cdiv(N, BN) * triton.cdiv(M, BM)
-    if config:
-        split = config[5] if len(config) > 5 else 1
-    else:
-        split = k_splits(grid_nm, K, BK, _sm_count(w.device))
     k_tiles = triton.cdiv(K, BK)
     per = triton.cdiv(k_tiles, split)
     split = triton.cdiv(k_tiles, per)  # no empty parts
@@ -887,6 +887,15 @@ _SPLIT_BUFS: dict = {}  # device index -> (fp32 workspace, int32 tile counters)
 _SPLIT_OLD: list = []  # replaced buffers: CUDA graphs captured with them still use them
 
 
+def launch_config(M: int, N: int, K: int, device: torch.device, elt: int = 2, swiglu: bool = False) -> tuple:
+    """(BM, BN, BK, num_warps, num_stages, K parts) of :func:`linear`'s tiled kernel for an
+    ``M x N x K`` problem of ``elt``-byte elements on ``device``: :func:`tiles` for the GPU's
+    shared memory, then :func:`k_splits` for its multiprocessors."""
+    BM, BN, BK, warps, stages = tiles(M, N, K, elt, swiglu, _smem_limit(device))
+    split = k_splits(-(-N // BN) * -(-M // BM), K, BK, _sm_count(device))
+    return BM, BN, BK, warps, stages, split
+
+
 def k_splits(programs: int, K: int, BK: int, sms: int) -> int:
     """The K parts of a tiled launch of ``programs`` (output tiles) over ``K`` in ``BK`` tiles on
     ``sms`` multiprocessors: doubled while the programs stay within :data:`SPLIT_K_TARGET` per
@@ -909,7 +918,7 @@ def _split_buffers(device: torch.device, floats: int, tiles: int) -> tuple:
     ``device``, shared by every launch there (the engine's launches run one after another on one
     stream). Grown outside CUDA-graph capture only: a warm-up launch before the capture
     allocates them (a zeroing captured in one graph would not run before the others)."""
-    idx = device.index if device.index is not None or device.type != "cuda" else torch.cuda.current_device()
+    idx = _cuda_index(device) if device.type == "cuda" else device.index
     ws, locks = _SPLIT_BUFS.get((device.type, idx), (None, None))
     if ws is None or ws.numel() < floats or locks.numel() < tiles:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
