@@ -38,6 +38,12 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16", "float16"))
     ap.add_argument("--compile", action="store_true", help="codec_compile: the compiled step inside the graphs")
+    ap.add_argument(
+        "--no-channels-last",
+        dest="channels_last",
+        action="store_false",
+        help="codec_channels_last false: the vocoder in the reference [batch, channels, samples] layout",
+    )
     ap.add_argument("--max-batch", type=int, default=32, help="codec_max_batch_size")
     ap.add_argument("--first-chunk-frames", type=int, default=2)
     ap.add_argument("--chunk-ramp", default="2,4,8,16")
@@ -80,7 +86,7 @@ def main(argv=None) -> int:
     else:  # as benchmark_codec.py: the preset's decoder with random weights
         cfg = CodecDecoderConfig.from_dict(presets.speech_tokenizer_config(args.preset)["decoder_config"])
         decoder = init_random_codec_weights(CodecDecoder(cfg), 0).to(device, dtype).eval()
-    sd = StatefulCodecDecoder(decoder).eval()
+    sd = StatefulCodecDecoder(decoder, channels_last=args.channels_last and gpu).eval()
     ramp = tuple(int(x) for x in args.chunk_ramp.split(",") if x)
     fb = frame_buckets(args.first_chunk_frames, ramp, args.chunk_frames)
     runner = StatefulGraphRunner(

@@ -89,6 +89,34 @@ def test_chunked_equals_whole(sd, utt, name):
     assert err <= ATOL, f"{name}: max |diff| {err:.3e}"
 
 
+@pytest.mark.parametrize("name", ["ones", "mixed", "mixed_odd", "whole"])
+def test_channels_last_vocoder_chunked_equals_whole(dec, utt, name):
+    """codec_channels_last: the vocoder on [B, C, 1, L] channels-last tensors decodes the same
+    audio as the whole decode, chunk by chunk."""
+    c, full = utt
+    out = StatefulCodecDecoder(dec, channels_last=True).decode_chunks(c, SCHEDULES[name])
+    err = (out - full).abs().max().item()
+    assert err <= ATOL, f"{name}: max |diff| {err:.3e}"
+
+
+def test_channels_last_state_is_the_reference_state(dec, sd):
+    """The channels-last vocoder hands on the same state (names, shapes, values), and each layout
+    continues the other's state."""
+    cl = StatefulCodecDecoder(dec, channels_last=True)
+    first, second = codes(3, 7, seed=5), codes(3, 5, seed=6)
+    with torch.no_grad():
+        a1, sa = sd.step(first, sd.init_state(3))
+        b1, sb = cl.step(first, cl.init_state(3))
+        assert list(sb) == list(sa)
+        for n in sa:
+            assert sb[n].shape == sa[n].shape, n
+            assert (sb[n] - sa[n]).abs().max().item() <= ATOL, n
+        assert (b1 - a1).abs().max().item() <= ATOL
+        a2, _ = sd.step(second, sb)  # the reference layout continues the channels-last state
+        b2, _ = cl.step(second, sa)
+        assert (b2 - a2).abs().max().item() <= ATOL
+
+
 def test_windowed_decode_is_not_exact(dec, utt):
     """Sanity: the comparison above is sensitive; a 72-frame window is NOT exact past the window."""
     c, full = utt

@@ -59,6 +59,7 @@ from triton_qwen3_tts.model.codec import (
     ConvNeXt,
     DecoderBlock,
     ResidualUnit,
+    SnakeBeta,
     TransformerLayer,
     _rotate_half,
 )
@@ -102,6 +103,50 @@ def _trans_step(tc: CausalTransConv, x: torch.Tensor, past: Optional[torch.Tenso
     return y, xx[..., xx.shape[-1] - n :]
 
 
+# The vocoder on channels-last tensors: each ``[B, C, L]`` activation as a 4-D ``[B, C, 1, L]`` in
+# ``torch.channels_last`` memory (``[B, L, C]`` in memory), its convolutions as ``conv2d`` with a
+# height-1 kernel. cuDNN's convolutions run in that layout (NHWC): on a ``[B, C, L]`` tensor each
+# ``conv1d`` pays a transpose to NHWC and back around the kernel, and ``torch.compile``'s elementwise
+# kernels between them (SnakeBeta, residual adds, the state concatenations) read one layout and
+# write the other. Same arithmetic; the state keeps its ``[B, C, n]`` shapes.
+
+
+def _snake4(m: SnakeBeta, x: torch.Tensor) -> torch.Tensor:
+    """SnakeBeta of a ``[B, C, 1, L]`` tensor (``SnakeBeta.forward``'s arithmetic)."""
+    a = torch.exp(m.alpha)[None, :, None, None]
+    b = torch.exp(m.beta)[None, :, None, None]
+    return x + (1.0 / (b + 1e-9)) * torch.sin(x * a).pow(2)
+
+
+def _past4(past: torch.Tensor) -> torch.Tensor:
+    """A ``[B, C, n]`` state as ``[B, C, 1, n]`` channels-last, ready to concatenate."""
+    return past.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+
+
+def _conv_step4(cc: CausalConv, x: torch.Tensor, past: Optional[torch.Tensor]):
+    """:func:`_conv_step` on ``[B, C, 1, L]`` channels-last tensors; the new state ``[B, C, n]``."""
+    w = cc.conv.weight.unsqueeze(2)
+    dil = (1, cc.conv.dilation[0])
+    if past is None:
+        return F.conv2d(x, w, cc.conv.bias, dilation=dil, groups=cc.conv.groups), None
+    xx = torch.cat([_past4(past), x], dim=3)
+    y = F.conv2d(xx, w, cc.conv.bias, dilation=dil, groups=cc.conv.groups)
+    return y, xx[:, :, 0, xx.shape[-1] - cc.padding :].contiguous()
+
+
+def _trans_step4(tc: CausalTransConv, x: torch.Tensor, past: Optional[torch.Tensor]):
+    """:func:`_trans_step` on ``[B, C, 1, L]`` channels-last tensors; the new state ``[B, C, n]``."""
+    s = tc.conv.stride[0]
+    t = x.shape[-1]
+    w = tc.conv.weight.unsqueeze(2)
+    if past is None:
+        return F.conv_transpose2d(x, w, tc.conv.bias, stride=(1, s))[..., : t * s], None
+    n = past.shape[-1]
+    xx = torch.cat([_past4(past), x], dim=3)
+    y = F.conv_transpose2d(xx, w, tc.conv.bias, stride=(1, s))[..., n * s : n * s + t * s]
+    return y, xx[:, :, 0, xx.shape[-1] - n :].contiguous()
+
+
 def _attn_step(attn: Attention, x, cos, sin, mask, k_past, v_past):
     """One attention layer over the new frames ``x [B, T, D]`` with the cached post-RoPE keys and
     values ``[B, kv_heads, W-1, hd]``. Same arithmetic as ``Attention.forward``."""
@@ -126,9 +171,12 @@ def _attn_step(attn: Attention, x, cos, sin, mask, k_past, v_past):
 class StatefulCodecDecoder(nn.Module):
     """Exact chunk-by-chunk decoding with explicit per-stream state (module docstring)."""
 
-    def __init__(self, decoder: CodecDecoder):
+    def __init__(self, decoder: CodecDecoder, channels_last: bool = False):
         super().__init__()
         self.decoder = decoder  # registered submodule: shares (does not copy) the parameters
+        # the vocoder on channels-last tensors (``_conv_step4``; codec_channels_last); the export
+        # keeps the reference layout
+        self.channels_last = bool(channels_last)
         cfg = decoder.config
         self.window = int(cfg.sliding_window)
         self.kv_len = self.window - 1
@@ -254,6 +302,44 @@ class StatefulCodecDecoder(nn.Module):
             new[name] = s
         return y
 
+    def _vocoder(self, h, state, new):  # [B, C, L] -> [B, 1, L * 1920 / 4]
+        for i, m in enumerate(self.decoder.decoder):
+            if isinstance(m, CausalConv):
+                h = self._conv(f"decoder.{i}.conv", m, h, state, new)
+            elif isinstance(m, DecoderBlock):
+                h = m.block[0](h)  # SnakeBeta
+                h = self._trans(f"decoder.{i}.trans", m.block[1], h, state, new)
+                for j, ru in enumerate(m.block[2:]):
+                    ru: ResidualUnit
+                    r = self._conv(f"decoder.{i}.res{j}.conv1", ru.conv1, ru.act1(h), state, new)
+                    r = self._conv(f"decoder.{i}.res{j}.conv2", ru.conv2, ru.act2(r), state, new)
+                    h = h + r
+            else:  # SnakeBeta (pointwise)
+                h = m(h)
+        return h
+
+    def _vocoder4(self, h, state, new):
+        """:meth:`_vocoder` on channels-last ``[B, C, 1, L]`` tensors (the comment above ``_snake4``)."""
+
+        def conv(name, cc, x, step=_conv_step4):
+            y, s = step(cc, x, state.get(name))
+            if s is not None:
+                new[name] = s
+            return y
+
+        h = h.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+        for i, m in enumerate(self.decoder.decoder):
+            if isinstance(m, CausalConv):
+                h = conv(f"decoder.{i}.conv", m, h)
+            elif isinstance(m, DecoderBlock):
+                h = conv(f"decoder.{i}.trans", m.block[1], _snake4(m.block[0], h), _trans_step4)
+                for j, ru in enumerate(m.block[2:]):
+                    r = conv(f"decoder.{i}.res{j}.conv1", ru.conv1, _snake4(ru.act1, h))
+                    h = h + conv(f"decoder.{i}.res{j}.conv2", ru.conv2, _snake4(ru.act2, r))
+            else:  # SnakeBeta (pointwise)
+                h = _snake4(m, h)
+        return h[:, :, 0]
+
     def step(self, codes: torch.Tensor, state) -> Tuple[torch.Tensor, "OrderedDict[str, torch.Tensor]"]:
         """Decode the next ``T`` frames ``codes [B, T, 16]`` of ``B`` streams -> (audio ``[B, T*1920]``,
         new state). ``state`` is not modified."""
@@ -268,19 +354,7 @@ class StatefulCodecDecoder(nn.Module):
             g = self._conv(f"upsample.{i}.dwconv", nx.dwconv, h, state, new).transpose(1, 2)
             g = nx.pwconv2(F.gelu(nx.pwconv1(nx.norm(g))))
             h = h + (nx.gamma * g).transpose(1, 2)
-        for i, m in enumerate(d.decoder):
-            if isinstance(m, CausalConv):
-                h = self._conv(f"decoder.{i}.conv", m, h, state, new)
-            elif isinstance(m, DecoderBlock):
-                h = m.block[0](h)  # SnakeBeta
-                h = self._trans(f"decoder.{i}.trans", m.block[1], h, state, new)
-                for j, ru in enumerate(m.block[2:]):
-                    ru: ResidualUnit
-                    r = self._conv(f"decoder.{i}.res{j}.conv1", ru.conv1, ru.act1(h), state, new)
-                    r = self._conv(f"decoder.{i}.res{j}.conv2", ru.conv2, ru.act2(r), state, new)
-                    h = h + r
-            else:  # SnakeBeta (pointwise)
-                h = m(h)
+        h = self._vocoder4(h, state, new) if self.channels_last else self._vocoder(h, state, new)
         audio = h.clamp(-1.0, 1.0)[:, 0]
         return audio, OrderedDict((n, new[n]) for n in self._specs)
 

@@ -191,6 +191,7 @@ class TalkerModelConfig:
     codec_dtype: str = default("codec_dtype")
     codec_cuda_graphs: bool = default("codec_cuda_graphs")
     codec_compile: bool = default("codec_compile")
+    codec_channels_last: bool = default("codec_channels_last")
     codec_max_batch: int = default("codec_max_batch_size")
     codec_state_slots: int = 128
     # split pipeline with gpus > 1: the index of the GPU (among those the server sees) this model's
@@ -279,6 +280,7 @@ class CodecModelConfig:
     dtype: str = default("codec_dtype")
     cuda_graphs: bool = default("codec_cuda_graphs")
     compile: bool = default("codec_compile")
+    channels_last: bool = default("codec_channels_last")
     frame_buckets: tuple = ()
     max_frames: int = default("codec_max_frames")
     # codec_decoder_stateful on CUDA with cuda_graphs: one graph per (batch bucket, T) for these

@@ -342,6 +342,14 @@ SETTINGS: Tuple[Setting, ...] = (
         "decoder step (dynamic batch and frames) before capture",
         group="codec",
     ),
+    Setting(
+        "codec_channels_last",
+        True,
+        "stateful codec on gpu: the vocoder's activations channels-last (convolutions as cuDNN's NHWC kernels "
+        "without a layout transpose around each, coalesced elementwise kernels between them); false: the "
+        "reference [batch, channels, samples] layout",
+        group="codec",
+    ),
     Setting("codec_max_batch_size", 64, "codec requests Triton batches together at most", lo=1, hi=1024, group="codec"),
     Setting(
         "codec_queue_delay_us", 1000, "codec dynamic batcher: longest wait for a fuller batch", lo=0, group="codec"

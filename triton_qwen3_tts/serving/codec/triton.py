@@ -101,7 +101,9 @@ class StatefulCodecModel:
         self.dtype = torch_dtype(self.cfg.dtype)
         decoder, st_cfg = load_codec_decoder(self.cfg.checkpoint, self.device, self.dtype)
         self.codebook_size = int(st_cfg.decoder.codebook_size)
-        self.sd = StatefulCodecDecoder(decoder).eval()
+        self.sd = StatefulCodecDecoder(
+            decoder, channels_last=self.cfg.channels_last and self.device.type == "cuda"
+        ).eval()
         self.specs = state_specs(self.sd)
         # CUDA graphs (GPU, cuda_graphs on): one per (batch bucket, exact T in stateful_frame_buckets),
         # all captured here; other T run as several graph steps (StatefulGraphRunner.step).

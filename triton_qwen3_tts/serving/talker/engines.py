@@ -104,7 +104,7 @@ def make_fused(cfg: TalkerModelConfig, engine):
     dtype = torch_dtype(cfg.codec_dtype)
     device = torch.device(cfg.device)
     decoder, _ = load_codec_decoder(cfg.checkpoint, device, dtype)
-    sd = StatefulCodecDecoder(decoder).eval()
+    sd = StatefulCodecDecoder(decoder, channels_last=cfg.codec_channels_last and device.type == "cuda").eval()
     buckets = frame_buckets(cfg.first_chunk_frames, cfg.chunk_ramp, cfg.chunk_frames)
     runner = warm_stateful_codec(
         sd, device, dtype, cfg.codec_cuda_graphs, cfg.codec_max_batch, buckets, compile=cfg.codec_compile
