@@ -5,6 +5,7 @@
         [--dtype float32|bfloat16] [--batch 1 3 8 17 64] [--frames 1 2 4 8 16 25] [--iters 20]
     python scripts/check_stateful_graphs.py --checkpoint DIR ...     # real weights
     python scripts/check_stateful_graphs.py --preset tiny --device cpu --no-capture   # CPU smoke
+    python scripts/check_stateful_graphs.py --dtype bfloat16 --channels-last   # codec_channels_last
 
 Per (B, T): B streams at different positions (a real, non-zero state: each row has decoded
 a different number of frames first), the runner's step (graph replay for the padded batch
@@ -14,7 +15,9 @@ in chunks 2, 4, 8, 16, 25, ..., 1 through the runner against ``decoder.decode`` 
 utterance (exact decoding: the graphs must not change that). Timings: median ms per call of the
 eager step and of the runner's step (staging copies, replay and output clones included).
 
-TF32 is off. Tolerances: fp32 1e-4 (audio, state relative), bf16 / fp16 3e-2. Exit 0 when every
+``--channels-last``: the runner's decoder runs its vocoder on channels-last tensors
+(``codec_channels_last``) while the eager reference keeps the reference layout, so the check
+covers both the layout and the graphs. TF32 is off. Tolerances: fp32 1e-4 (audio, state relative), bf16 / fp16 3e-2. Exit 0 when every
 check passes, 1 otherwise.
 """
 
@@ -57,6 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--batch-buckets", type=int, nargs="+", default=None, help="default: 1 2 4 8 16 32 64 up to the largest --batch"
     )
+    ap.add_argument("--channels-last", action="store_true", help="the runner's vocoder channels-last")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tol", type=float, default=None, help="override the tolerance")
@@ -80,16 +84,18 @@ def main(argv=None) -> int:
     dtype = getattr(torch, args.dtype)
     tol = TOLERANCES[args.dtype] if args.tol is None else args.tol
     dec = _load(args, torch).to(dev, dtype).eval()
-    sd = StatefulCodecDecoder(dec).eval()
+    sd = StatefulCodecDecoder(dec).eval()  # the eager reference
+    fast = StatefulCodecDecoder(dec, channels_last=args.channels_last).eval()
     frames = sorted(set(args.frames))
     buckets = tuple(args.batch_buckets) if args.batch_buckets else batch_buckets_for(max(args.batch))
-    runner = StatefulGraphRunner(sd, dev, dtype, buckets, frames, capture=not args.no_capture)
+    runner = StatefulGraphRunner(fast, dev, dtype, buckets, frames, capture=not args.no_capture)
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
     runner.warmup()
     sync()
     print(
-        f"decoder {args.checkpoint or args.preset} on {dev} {args.dtype}; batch buckets {buckets}, frames {frames}; "
+        f"decoder {args.checkpoint or args.preset} on {dev} {args.dtype}"
+        f"{' (runner channels-last)' if args.channels_last else ''}; batch buckets {buckets}, frames {frames}; "
         f"{len(runner.captured)} graphs captured in {time.perf_counter() - t0:.1f}s; tolerance {tol:g}"
     )
     if dev.type == "cuda":
@@ -173,12 +179,14 @@ def main(argv=None) -> int:
             out.append(a)
             pos += ch
         whole = dec.decode(stream)
-        d = (torch.cat(out, dim=1).double() - whole.double()).abs().max().item()
+        diff = torch.cat(out, dim=1).double() - whole.double()
+        d = diff.abs().max().item()
         good = d <= tol
         ok &= good
         print(
             f"stream of {n} frames in chunks {sched} (2 rows) through the runner vs whole decode: "
-            f"max |d| = {d:.3e} {'ok' if good else 'FAIL'}"
+            f"max |d| = {d:.3e}, rms |d| = {diff.pow(2).mean().sqrt().item():.3e} "
+            f"(whole rms {whole.double().pow(2).mean().sqrt().item():.3e}) {'ok' if good else 'FAIL'}"
         )
     print(f"graph calls {runner.graph_calls}, eager fallbacks {runner.eager_calls}")
     print("PASSED" if ok else "FAILED")

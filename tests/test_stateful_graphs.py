@@ -365,3 +365,19 @@ def test_codec_slots_script_reports_every_slot(tmp_path):
     assert [(r["batch"], r["frames"]) for r in json.loads(out.read_text())["slots"]] == [(4, 25), (2, 1)]
     p = subprocess.run(cmd + ["--slots", "3:25"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "not a slot" in p.stderr
+
+
+def test_check_script_channels_last_runner_against_reference_layout():
+    """scripts/check_stateful_graphs.py --channels-last (how codec_channels_last's GPU parity is
+    measured): the runner's decoder on channels-last tensors against the reference layout's eager
+    step and whole decode, here on the tiny decoder on the CPU through the runner's padded path."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, str(root / "scripts" / "check_stateful_graphs.py"), "--preset", "tiny", "--device", "cpu"]
+    cmd += ["--no-capture", "--channels-last", "--batch", "1", "3", "--frames", "1", "4", "--iters", "1"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "(runner channels-last)" in p.stdout and "rms |d|" in p.stdout and "PASSED" in p.stdout
