@@ -387,3 +387,45 @@ def test_split_k_buffers_grow_and_keep_the_old_ones(monkeypatch):
     assert ws2.numel() == 300 and locks2.numel() == 2000 and int(locks2.abs().sum()) == 0
     assert nk._SPLIT_OLD == [(ws, locks)]
     assert nk._split_buffers(cpu, 200, 10)[0] is ws2
+
+
+def test_codec_residual_unit_matches_the_module(interp):
+    """The codec's residual-unit kernel (serving/codec/kernels.py, a probe) in the interpreter:
+    fp32 equal to the module's arithmetic over the state's concatenation within float rounding
+    (padded channels, a call shorter than its state); bf16 within a few bf16 steps of the
+    largest output (the reference rounds after each elementwise op); the new state too."""
+    for name in ("f32", "f32_short"):
+        assert interp[f"codec_unit_{name}"] <= 1e-5 and interp[f"codec_unit_state_{name}"] <= 1e-6, interp
+    assert interp["codec_unit_bf16"] <= 0.03 and interp["codec_unit_state_bf16"] <= 0.01, interp
+
+
+@needs_triton
+def test_codec_residual_unit_checks_its_shapes():
+    from triton_qwen3_tts.model.codec import ResidualUnit
+    from triton_qwen3_tts.serving.codec.kernels import pack_unit, residual_unit
+
+    pu = pack_unit(ResidualUnit(24, 3))
+    assert (pu.CP, pu.past, tuple(pu.w1.shape), tuple(pu.w2.shape)) == (32, 18, (7, 32, 32), (32, 32))
+    assert float(pu.w1[:, 24:].abs().sum() + pu.w1[:, :, 24:].abs().sum() + pu.a1[24:].abs().sum()) == 0.0
+    with pytest.raises(ValueError, match="24 channels, P 18"):
+        residual_unit(torch.zeros(1, 10, 24), torch.zeros(1, 24, 9), pu)
+
+
+def test_codec_residual_unit_compiles_for_hopper():
+    """The residual-unit kernel compiles for sm_90 (ptxas included) at the 96-channel block's
+    shape (padded to 128, dilation 9), its convolutions on the tensor cores (wgmma), within the
+    H100's 227 KiB of shared memory per block."""
+    from triton_qwen3_tts.serving.codec import kernels as ck
+
+    target, ASTSource = _sm90_compiler()
+    sig = dict.fromkeys(("x_ptr", "past_ptr", "y_ptr", "w1_ptr", "w2_ptr"), "*bf16")
+    sig.update(dict.fromkeys(("b1_ptr", "a1_ptr", "ib1_ptr", "b2_ptr", "a2_ptr", "ib2_ptr"), "*fp32"))
+    sig.update(L="i32", C="i32", P="i32")
+    const = dict(DIL=9, CP=128, BT=64, BK=64, BN=64, UPCAST=False, IEEE=False)
+    src = ASTSource(fn=ck._resunit_kernel, signature={**sig, **dict.fromkeys(const, "constexpr")}, constexprs=const)
+    try:
+        k = nk.triton.compile(src, target=target, options={"num_warps": 4, "num_stages": 2})
+    except FileNotFoundError as e:  # no ptxas in this Triton
+        pytest.skip(f"no CUDA toolchain in this Triton ({e})")
+    assert "wgmma" in k.asm["ptx"]
+    assert k.metadata.shared <= 227 * 1024
