@@ -42,7 +42,7 @@ def test_parse_talker():
         (dict(), "'checkpoint' is required"),
         (dict(checkpoint="/c", engine="tgi"), "'engine' must be one of vllm, native"),
         (dict(checkpoint="/c", max_num_seqs="many"), "max_num_seqs"),
-        (dict(checkpoint="/c", max_num_seqs="0"), r"\[1, 1024\]"),
+        (dict(checkpoint="/c", max_num_seqs="0"), "max_num_seqs.: must be 1 to 1024"),
         (dict(checkpoint="/c", enforce_eager="maybe"), "true or false"),
         (dict(checkpoint="/c", bogus="1"), "unknown parameter"),
     ],
@@ -121,6 +121,24 @@ def test_talker_split_k_range():
     for bad in ("17", "-1"):
         with pytest.raises(ModelConfigError, match=f"parameter 'native_split_k': must be 0 to 16; got {bad}"):
             TalkerModelConfig.from_parameters({**base, "native_split_k": bad})
+
+
+@pytest.mark.parametrize(
+    "name, bad, allowed",
+    [
+        ("native_prefill_kernel_rows", "-1", "0 to 65536"),
+        ("engine_cpu_threads", "257", "0 to 256"),
+        ("fused_buffer_ms", "10", "20 to 60000"),
+        ("max_num_seqs", "0", "1 to 1024"),
+    ],
+)
+def test_talker_ranges_from_the_settings(name, bad, allowed):
+    """The talker's integer settings with a range fail the load with the parameter's name and
+    the setting's range (serving/settings.py, the one definition), not at first use."""
+    from triton_qwen3_tts.serving.model_config import ModelConfigError, TalkerModelConfig
+
+    with pytest.raises(ModelConfigError, match=f"parameter '{name}': must be {allowed}; got {bad}"):
+        TalkerModelConfig.from_parameters({"checkpoint": "ck", "engine": "native", name: bad})
 
 
 def test_prompt_device_resolves_to_the_native_engines_gpu():

@@ -207,17 +207,16 @@ class TalkerModelConfig:
         _choice("codec_dtype", self.codec_dtype, choices("codec_dtype"))
         object.__setattr__(self, "codec_dtype", device_dtype(self.codec_dtype, self.device))
         check_chunk_schedule(self.first_chunk_frames, self.chunk_ramp, self.chunk_frames)
-        if not 20 <= self.fused_buffer_ms <= 60000:
-            raise ModelConfigError(f"parameter 'fused_buffer_ms' must be in [20, 60000], got {self.fused_buffer_ms}")
+        _allowed("fused_buffer_ms", self.fused_buffer_ms)
         if self.codec_max_batch < 1 or self.codec_state_slots < 1:
             raise ModelConfigError("parameters 'codec_max_batch' and 'codec_state_slots' must be >= 1")
         self.batch_buckets()  # validates native_batch_buckets
         _choice("native_kernels", self.native_kernels, choices("native_kernels"))
         _choice("native_pdl", self.native_pdl, choices("native_pdl"))
         _allowed("native_split_k", self.native_split_k)
+        _allowed("native_prefill_kernel_rows", self.native_prefill_kernel_rows)
         _choice("prompt_device", self.prompt_device, choices("prompt_device"))
-        if not 0 <= self.engine_cpu_threads <= 256:
-            raise ModelConfigError(f"parameter 'engine_cpu_threads' must be in [0, 256], got {self.engine_cpu_threads}")
+        _allowed("engine_cpu_threads", self.engine_cpu_threads)
         _choice("fused_ride_along", self.fused_ride_along, choices("fused_ride_along"))
         if self.native_kernels == "triton" and (self.engine != "native" or self.device == "cpu"):
             raise ModelConfigError("parameter 'native_kernels' triton needs engine native on a gpu")
@@ -226,8 +225,7 @@ class TalkerModelConfig:
         _choice("dtype", self.dtype, choices("talker_dtype")[1:])
         if not self.checkpoint:
             raise ModelConfigError("parameter 'checkpoint' is required (a checkpoint directory)")
-        if not 1 <= self.max_num_seqs <= 1024:
-            raise ModelConfigError(f"parameter 'max_num_seqs' must be in [1, 1024], got {self.max_num_seqs}")
+        _allowed("max_num_seqs", self.max_num_seqs)
         if not 32 <= self.max_model_len <= 32768:
             raise ModelConfigError(f"parameter 'max_model_len' must be in [32, 32768], got {self.max_model_len}")
         if self.kv_cache_memory_bytes < 0:
