@@ -33,6 +33,10 @@ Every state tensor has a fixed shape ``[B, ...]`` (no data-dependent shapes), an
 batch is independent: streams at different positions can be batched in one ``step`` as long as
 they advance by the same number of frames ``T`` in that call.
 
+``StatefulCodecDecoder(decoder, channels_last=True)`` runs the vocoder on channels-last tensors
+(the same arithmetic and state; the comment above ``_snake4``): the GPU serving default
+(``codec_channels_last``); the export keeps the reference layout.
+
 For a stateless Triton/ONNX model the state is passed explicitly: :meth:`flatten_state` /
 :meth:`unflatten_state` convert to and from a list in the fixed order of :meth:`state_names`
 (ONNX names ``state_in_<name>`` / ``state_out_<name>``, see :meth:`onnx_state_names`).
@@ -302,7 +306,7 @@ class StatefulCodecDecoder(nn.Module):
             new[name] = s
         return y
 
-    def _vocoder(self, h, state, new):  # [B, C, L] -> [B, 1, L * 1920 / 4]
+    def _vocoder(self, h, state, new):  # [B, latent, 4 T] (after the upsample stages) -> [B, 1, 1920 T]
         for i, m in enumerate(self.decoder.decoder):
             if isinstance(m, CausalConv):
                 h = self._conv(f"decoder.{i}.conv", m, h, state, new)
