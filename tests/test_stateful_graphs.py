@@ -381,3 +381,25 @@ def test_check_script_channels_last_runner_against_reference_layout():
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "(runner channels-last)" in p.stdout and "rms |d|" in p.stdout and "PASSED" in p.stdout
+
+
+def test_codec_profile_script_on_the_cpu(tmp_path):
+    """scripts/codec_profile.py (where a codec call's GPU time goes; run 39a-b) on the tiny
+    decoder on the CPU: the eager step's time and, in the reference layout, a row per leaf
+    module of the step with the convolutions' FLOPs and a total per stage."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "profile.json"
+    cmd = [sys.executable, str(root / "scripts" / "codec_profile.py"), "--preset", "tiny", "--device", "cpu"]
+    cmd += ["--dtype", "float32", "--batch", "2", "--frames", "3", "--iters", "1", "--no-channels-last"]
+    p = subprocess.run(cmd + ["--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["eager_ms"] > 0
+    convs = [r for r in doc["modules"] if r["type"] == "Conv1d"]
+    assert convs and all(r["gflop"] > 0 for r in convs)
+    assert {"pre_transformer", "decoder.1", "decoder.4"} <= set(doc["stages"])
