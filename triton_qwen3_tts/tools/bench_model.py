@@ -153,6 +153,8 @@ def native_knobs(args) -> dict:
         kw["pdl"] = args.pdl
     if args.split_k is not None:
         kw["split_k"] = args.split_k
+    if args.prefill_kernel_rows is not None:
+        kw["prefill_kernel_rows"] = args.prefill_kernel_rows
     if args.exact_math:
         kw["fast_math"] = False
     if args.batch_buckets:
@@ -781,6 +783,14 @@ def parse_args(argv=None):
         metavar="PROGRAMS_PER_SM",
         help="--kernels triton: the tiled GEMM kernel cuts K into parts until a launch has about this many "
         "programs per multiprocessor (NativeEngineConfig.split_k); default: the engine's (1); 0: never",
+    )
+    ap.add_argument(
+        "--prefill-kernel-rows",
+        type=int,
+        default=None,
+        metavar="ROWS",
+        help="--kernels triton: prefills of at most ROWS padded rows run the talker layers' GEMMs on the "
+        "kernels (NativeEngineConfig.prefill_kernel_rows); default: the engine's (0: the torch blocks)",
     )
     ap.add_argument(
         "--pdl",
