@@ -69,7 +69,10 @@ def main(argv=None) -> int:
     from triton_qwen3_tts.model.stateful_codec import StatefulCodecDecoder
     from triton_qwen3_tts.serving.codec.graphs import StatefulGraphRunner, batch_buckets_for
     from triton_qwen3_tts.serving.codec.runtime import torch_dtype
+    from triton_qwen3_tts.tools import bench_model
     from triton_qwen3_tts.tools.bench_model import fill_random_state, random_talker
+
+    bench_model._import_torch()  # its module-level torch is bound on first use
 
     dev = torch.device(args.device)
     if dev.type != "cuda":
