@@ -111,6 +111,12 @@ def test_config_validation():
     c = NativeEngineConfig(max_num_seqs=12, max_model_len=1000)
     assert c.batch_sizes() == (1, 2, 4, 8, 12)
     assert c.ctx_sizes() == (256, 512, 1000)
+    # prefill: every power of two up to max_num_seqs, whatever the decode buckets
+    c = NativeEngineConfig(max_num_seqs=12, max_model_len=64, batch_buckets=(1, 8), prefill_max_tokens=128)
+    assert c.batch_sizes() == (1, 8, 12)
+    assert c.prefill_batch_sizes() == (1, 2, 4, 8, 12)
+    assert c.prefill_len_sizes() == (16, 32, 64)
+    assert c.prefill_buckets() == ((1, 16), (2, 16), (4, 16), (8, 16), (1, 32), (2, 32), (4, 32), (1, 64), (2, 64))
 
 
 def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
@@ -202,14 +208,7 @@ class _ReplayAsCalls:
     def __init__(self, m, cfg):
         self.m = m
         self.graphs = {(b, c, tp): None for b in cfg.batch_sizes() for c in cfg.ctx_sizes() for tp in (False, True)}
-        self.graphs.update(
-            {
-                ("prefill", p, L): None
-                for L in cfg.prefill_len_sizes()
-                for p in cfg.batch_sizes()
-                if p * L <= cfg.prefill_max_tokens
-            }
-        )
+        self.graphs.update({("prefill", p, L): None for p, L in cfg.prefill_buckets()})
         self.replayed = []
 
     def replay(self, key):

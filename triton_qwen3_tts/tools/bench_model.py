@@ -560,7 +560,7 @@ def profile_prefill(args, m, cfg) -> list:
     pool = None
     keep = []
     for L in args.profile_prefill:
-        for P in cfg.batch_sizes():
+        for P in cfg.prefill_batch_sizes():
             if P * L > cfg.prefill_max_tokens or L > cfg.max_model_len - 2:
                 continue
             m.pf_x[: P * L * m.D].normal_(0, 0.05)
@@ -790,7 +790,7 @@ def parse_args(argv=None):
         default=None,
         metavar="ROWS",
         help="--kernels triton: prefills of at most ROWS padded rows run the talker layers' GEMMs on the "
-        "kernels (NativeEngineConfig.prefill_kernel_rows); default: the engine's (0: the torch blocks)",
+        "kernels (NativeEngineConfig.prefill_kernel_rows); default: the engine's (64; 0: the torch blocks)",
     )
     ap.add_argument(
         "--pdl",

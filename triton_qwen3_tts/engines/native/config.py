@@ -55,9 +55,10 @@ class NativeEngineConfig:
       norms folded in, residual and SwiGLU epilogues: four kernels where the torch blocks launch
       about ten, per layer); q/k norm, RoPE, the KV writes and causal SDPA stay torch ops. Larger
       prefills keep the torch blocks (the kernels' tiles are chosen for skinny GEMMs and re-read
-      the weights once per 64 rows). Default 0 (always the torch blocks): on the H100 a
-      one-prompt prefill of 32 rows took 4.04 ms of GPU time on the kernels against 3.71 on the
-      torch blocks (runs 33b-33c, docs/benchmark-history.md).
+      the weights once per 64 rows). Default 64: on the H200 (run 40b, docs/benchmark-history.md)
+      every captured prefill of at most 64 padded rows was faster on the kernels (one prompt of
+      32 rows 2.44 against 2.83 ms, two 2.53 against 2.90) and every larger one slower (8 x 16
+      rows 3.65 against 3.18); 0: always the torch blocks.
     * ``pdl``: with ``kernels="triton"`` on Hopper or newer, programmatic dependent launch of
       the kernels (:func:`kernels.set_pdl`, process-wide, set when the model loads): ``"few"``
       (default) for the launches of at most ``kernels.GEMV_ROWS`` rows, ``"on"``, ``"prefetch"``
@@ -69,9 +70,9 @@ class NativeEngineConfig:
     * ``batched_prefill``: the requests admitted in one scheduler round are prefilled together,
       right-padded to one length, in groups of at most ``prefill_max_tokens`` padded rows
       (False: one prefill per request, for A/B timing).
-    * ``prefill_graphs``: None -> as ``cuda_graphs``: capture the prefill per (batch bucket,
-      length bucket) with ``P * L <= prefill_max_tokens`` (``prefill_len_sizes``); other
-      shapes run eagerly.
+    * ``prefill_graphs``: None -> as ``cuda_graphs``: capture the prefill per (prompt-count
+      bucket, length bucket) with ``P * L <= prefill_max_tokens`` (``prefill_batch_sizes``,
+      ``prefill_len_sizes``); other shapes run eagerly.
     * ``overlap_steps``: the loop launches each decode step before it reads the previous step's
       frames (copied to pinned host memory behind the step), so the host's work between steps
       (frames to the streams, releases, admissions) runs while the GPU computes the next one. A row
@@ -99,7 +100,7 @@ class NativeEngineConfig:
     compile: bool = False
     compile_backend: str = "inductor"
     kernels: str = "torch"
-    prefill_kernel_rows: int = 0
+    prefill_kernel_rows: int = 64
     pdl: str = "few"
     split_k: int = 1
     batched_prefill: bool = True
@@ -175,6 +176,25 @@ class NativeEngineConfig:
             out.append(L)
             L *= 2
         return tuple(out)
+
+    def prefill_batch_sizes(self) -> Tuple[int, ...]:
+        """Prompt-count buckets of the captured prefills: powers of two up to ``max_num_seqs``,
+        plus it. Finer than the decode buckets because a prefill's cost grows with its padded
+        rows (run 40b: 4 prompts of 64 rows 3.63 ms, padded to 8 prompts 5.25)."""
+        out, p = {self.max_num_seqs}, 1
+        while p < self.max_num_seqs:
+            out.add(p)
+            p *= 2
+        return tuple(sorted(out))
+
+    def prefill_buckets(self) -> Tuple[Tuple[int, int], ...]:
+        """The captured prefills' ``(prompts, length)`` buckets: ``P * L <= prefill_max_tokens``."""
+        return tuple(
+            (p, L)
+            for L in self.prefill_len_sizes()
+            for p in self.prefill_batch_sizes()
+            if p * L <= self.prefill_max_tokens
+        )
 
     @property
     def use_fast_math(self) -> bool:

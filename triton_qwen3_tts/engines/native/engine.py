@@ -285,12 +285,7 @@ class NativeEngine:
             self.capture_seconds = self.graphs.capture(self.model.step, keys, order=lambda k: (-k[0], -k[1], k[2]))
             if c.use_prefill_graphs:
                 m = self.model
-                keys = [
-                    ("prefill", p, L)
-                    for L in c.prefill_len_sizes()
-                    for p in c.batch_sizes()
-                    if p * L <= c.prefill_max_tokens
-                ]
+                keys = [("prefill", p, L) for p, L in c.prefill_buckets()]
                 m.pf_x.zero_()
                 m.pf_slots.fill_(m.SCR)  # warm-up and capture write the scratch slot only
                 m.pf_last.zero_()
@@ -543,7 +538,7 @@ class NativeEngine:
         if self.graphs is None or not self.pf_graphs:
             return None
         Ls = [b for b in c.prefill_len_sizes() if b >= L]
-        Ps = [b for b in c.batch_sizes() if b >= P]
+        Ps = [b for b in c.prefill_batch_sizes() if b >= P]
         if not Ls or not Ps:
             return None
         key = ("prefill", Ps[0], Ls[0])

@@ -293,16 +293,25 @@ class StatefulGraphRunner:
                     slot.state_in[n].zero_()
                 s = torch.cuda.Stream(self.device)
                 s.wait_stream(torch.cuda.current_stream(self.device))
-                with torch.cuda.stream(s):
-                    for _ in range(2):  # warm up kernels / allocator outside the graph
-                        self._body(slot)
-                torch.cuda.current_stream(self.device).wait_stream(s)
-                g = torch.cuda.CUDAGraph()
-                if self._pool is None:
-                    self._pool = torch.cuda.graph_pool_handle()
-                # on this device's stream, other threads free to use CUDA (engines/native/graphs.py)
-                with torch.cuda.graph(g, pool=self._pool, stream=s, capture_error_mode="thread_local"):
-                    slot.audio = self._body(slot)
+                # cuDNN times its algorithms for these shapes in the warm-up runs and the graph
+                # keeps the fastest: its heuristic picks were up to 10x slower for the
+                # channels-last bf16 convolutions (run 40c: 32 x 25 frames 581 ms against 63 for
+                # the reference layout's eager step)
+                tuned = torch.backends.cudnn.benchmark
+                torch.backends.cudnn.benchmark = True
+                try:
+                    with torch.cuda.stream(s):
+                        for _ in range(2):  # warm up kernels / allocator outside the graph
+                            self._body(slot)
+                    torch.cuda.current_stream(self.device).wait_stream(s)
+                    g = torch.cuda.CUDAGraph()
+                    if self._pool is None:
+                        self._pool = torch.cuda.graph_pool_handle()
+                    # on this device's stream, other threads free to use CUDA (engines/native/graphs.py)
+                    with torch.cuda.graph(g, pool=self._pool, stream=s, capture_error_mode="thread_local"):
+                        slot.audio = self._body(slot)
+                finally:
+                    torch.backends.cudnn.benchmark = tuned
                 slot.graph = g
         self._slots[key] = slot
         return slot
@@ -401,22 +410,16 @@ def warm_stateful_codec(
     ``frame_buckets``) graph captured, so no request pays for a capture; otherwise None, after one
     eager warm-up step from zero state. Callers step the runner, or ``sd`` when it is None.
     ``compile`` (CUDA graphs only): the graphs capture the ``torch.compile``'d step
-    (:func:`compile_step`), and cuDNN picks each convolution's algorithm by timing them
-    (``cudnn.benchmark``) during the warm-up only: the graphs keep those choices, and the flag is
-    restored afterwards. On the H100 (1.7B codec, bf16, 32 streams x 25 frames) this measured
-    2,036 audio-s/s against 1,600 compiled without it and 1,055 for the plain graphs
-    (docs/benchmarks.md)."""
+    (:func:`compile_step`). Each slot's capture lets cuDNN pick its convolutions' algorithms by
+    timing them (``cudnn.benchmark``, :meth:`StatefulGraphRunner._slot`); on the H100 (1.7B
+    codec, bf16, 32 streams x 25 frames, reference layout) that measured 2,036 audio-s/s
+    compiled against 1,600 without it (docs/benchmarks.md)."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda" and cuda_graphs:
         runner = StatefulGraphRunner(sd, device, dtype, batch_buckets_for(max_batch), frame_buckets, compile=compile)
-        tuned = torch.backends.cudnn.benchmark
-        torch.backends.cudnn.benchmark = tuned or compile
-        try:
-            runner.warmup()
-        finally:
-            torch.backends.cudnn.benchmark = tuned
+        runner.warmup()
         torch.cuda.empty_cache()  # cuDNN's trial workspaces
         return runner
     with torch.inference_mode():
