@@ -11,7 +11,12 @@ iteration under load) and the device time of every kind of launch (``gpu_ms``: C
 - ``ms/iter`` and ``gpu ms/iter``: wall and device time per loop iteration (their difference is
   the host time the overlap did not hide), and the device time per iteration split into decode
   steps, codec calls and prefills;
-- ``prefills``: prefill launches, and the iterations per second.
+- ``prefills``: prefill launches, and the iterations per second;
+- with the engine's ``loop_ms`` (host wall time of the loop's phases,
+  ``engines/native/gputime.py`` ``LoopClock``), a second line per interval: the loop thread's
+  milliseconds an iteration per phase, and its waits for the GPU (``wait_step``,
+  ``wait_codec``, parts of the phases they happen in). Waits near zero while the GPU is not
+  busy all the time: the host's work, not the GPU, bounds the iteration rate.
 
     python scripts/gpu_busy.py docs/bench/run34/b/server.log.gz [--gpu 0]
 
@@ -38,6 +43,7 @@ class Stats:
     steps: int
     ms: Dict[str, float]  # device ms per kind of launch
     calls: Dict[str, int]
+    loop: Dict[str, float]  # host ms per loop phase (empty for logs from before loop_ms)
 
 
 def parse(lines: Iterable[str], gpu: int = 0) -> List[Stats]:
@@ -55,6 +61,7 @@ def parse(lines: Iterable[str], gpu: int = 0) -> List[Stats]:
                 steps=int(d.get("steps", 0)),
                 ms={k: float(v["ms"]) for k, v in g.items()},
                 calls={k: int(v["calls"]) for k, v in g.items()},
+                loop={k: float(v["ms"]) for k, v in d.get("loop_ms", {}).items()},
             )
         )
     return out
@@ -83,6 +90,9 @@ def intervals(stats: List[Stats]) -> List[dict]:
                 "ms_per_iter": 1000 * dt / iters if iters else float("nan"),
                 "gpu_ms_per_iter": {k: v / iters for k, v in sorted(by.items())} if iters else {},
                 "prefills": b.calls.get("prefill", 0) - a.calls.get("prefill", 0),
+                "loop_ms_per_iter": {k: (v - a.loop.get(k, 0.0)) / iters for k, v in sorted(b.loop.items())}
+                if iters
+                else {},
             }
         )
     return rows
@@ -110,6 +120,11 @@ def main(argv=None) -> int:
             f"{r['seconds']:8.1f} {r['busy_pct']:5.0f}% {r['iter_per_s']:7.1f} {r['ms_per_iter']:8.2f} "
             f"{sum(g.values()):12.2f}  {split}  {r['prefills']}"
         )
+        loop = r["loop_ms_per_iter"]
+        if loop:
+            waits = {k: v for k, v in loop.items() if k.startswith("wait_")}
+            phases = " ".join(f"{k} {v:.2f}" for k, v in loop.items() if k not in waits)
+            print(f"{'':>8} loop ms/iter: {phases}; waits {' '.join(f'{k} {v:.2f}' for k, v in waits.items())}")
     return 0
 
 

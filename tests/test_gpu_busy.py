@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import gpu_busy  # noqa: E402
 
 
-def _line(clock, gpu, steps, step_ms, codec_ms, prefill_ms, prefills):
+def _line(clock, gpu, steps, step_ms, codec_ms, prefill_ms, prefills, loop=None):
     stats = {
         "active": 3,
         "steps": steps,
@@ -24,6 +24,8 @@ def _line(clock, gpu, steps, step_ms, codec_ms, prefill_ms, prefills):
             "prefill": {"ms": prefill_ms, "calls": prefills, "mean_ms": 3.7},
         },
     }
+    if loop is not None:
+        stats["loop_ms"] = {k: {"ms": v, "calls": steps} for k, v in loop.items()}
     # as tritonserver writes it: the message quoted, the JSON's quotes escaped
     text = json.dumps(stats).replace('"', '\\"')
     return f'I1128 {clock} 631 triton.py:411] "tts fused pipeline gpu {gpu}: {text}"\n'
@@ -68,3 +70,24 @@ def test_command_reads_a_gzipped_log_and_refuses_one_line(tmp_path):
     one.write_text("".join(LOG[:2]))
     r = subprocess.run([sys.executable, script, str(one)], capture_output=True, text=True)
     assert r.returncode == 1 and "need two" in r.stderr
+
+
+def test_loop_phases_per_iteration_and_waits_apart(tmp_path):
+    log = [
+        _line("04:17:16.000000", 0, 1000, 5000.0, 0.0, 0.0, 0, loop={"read": 500.0, "wait_step": 400.0}),
+        _line(
+            "04:17:46.000000", 0, 3000, 15000.0, 0.0, 0.0, 0, loop={"read": 2500.0, "wait_step": 1400.0, "post": 600.0}
+        ),
+    ]
+    (row,) = gpu_busy.intervals(gpu_busy.parse(log, gpu=0))
+    # a phase first seen in the later line counts from zero
+    assert row["loop_ms_per_iter"] == pytest.approx({"post": 0.3, "read": 1.0, "wait_step": 0.5})
+    path = tmp_path / "server.log"
+    path.write_text("".join(log))
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "gpu_busy.py"), str(path)], capture_output=True, text=True
+    ).stdout
+    assert "loop ms/iter: post 0.30 read 1.00; waits wait_step 0.50" in out
+    # logs from before loop_ms: no second line
+    (old,) = gpu_busy.intervals(gpu_busy.parse(LOG[1:4:2], gpu=0))
+    assert old["loop_ms_per_iter"] == {}

@@ -5,7 +5,7 @@ device; the increments the tts exports as counters (serving/talker/fused.py)."""
 import pytest
 
 from triton_qwen3_tts.engines.native import gputime
-from triton_qwen3_tts.engines.native.gputime import GpuTimer, HostEvent
+from triton_qwen3_tts.engines.native.gputime import GpuTimer, HostEvent, LoopClock
 from triton_qwen3_tts.serving.talker.fused import device_time_increments
 
 
@@ -98,3 +98,27 @@ def test_device_time_increments_count_only_what_grew():
     assert again == [("prefill", pytest.approx(0.0035), 1)]  # step_b8 did not grow: nothing to add
     assert device_time_increments({"step_b8": {"ms": 11.0, "calls": 2}}, seen) == []  # never counts down
     assert seen["step_b8"] == (12.0, 2)
+
+
+def test_loop_clock_laps_partition_time_and_waits_are_timed_apart():
+    now = [10.0]
+    clock = LoopClock(clock=lambda: now[0])
+    clock.lap("ignored")  # the first lap only starts the clock
+    now[0] += 0.002
+    clock.lap("admit")
+    now[0] += 0.001
+
+    class Ev:
+        def synchronize(self):
+            now[0] += 0.003
+
+    clock.wait("wait_step", Ev())
+    clock.lap("read")  # the wait's 3 ms are part of this lap too
+    now[0] += 0.0005
+    clock.lap("admit")
+    snap = clock.snapshot()
+    assert snap == {
+        "admit": {"ms": 2.5, "calls": 2},
+        "read": {"ms": 4.0, "calls": 1},
+        "wait_step": {"ms": 3.0, "calls": 1},
+    }

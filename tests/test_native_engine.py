@@ -655,6 +655,12 @@ def test_stats_time_each_kind_of_launch(engine, ref, loop):
     steps = sum(v["calls"] for k, v in after.items() if k.startswith("step_b"))
     assert steps >= sum(v["calls"] for k, v in before.items() if k.startswith("step_b")) + 3
     assert all(v["ms"] >= 0 and v["mean_ms"] >= 0 for v in after.values())
+    # the loop's host time per phase: every iteration passed through each phase of _work, and
+    # the reads waited for their steps
+    loop_ms = engine.stats()["loop_ms"]
+    for phase in ("between", "release", "admit", "read_first_tell", "cowork_launch", "step_launch", "read", "tell"):
+        assert loop_ms[phase]["calls"] >= steps and loop_ms[phase]["ms"] >= 0, phase
+    assert loop_ms["wait_step"]["calls"] >= 3
 
 
 def test_slot_reset_and_move_touch_every_table_and_only_their_rows(engine):

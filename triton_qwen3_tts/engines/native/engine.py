@@ -109,7 +109,7 @@ from triton_qwen3_tts.engines.base import (
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig
 from triton_qwen3_tts.engines.native.model import NativeModel
 from triton_qwen3_tts.engines.native.graphs import _Graphs
-from triton_qwen3_tts.engines.native.gputime import GpuTimer, HostEvent
+from triton_qwen3_tts.engines.native.gputime import GpuTimer, HostEvent, LoopClock
 from triton_qwen3_tts.engines.rng import gumbel_noise, hash_seed
 
 __all__ = [
@@ -232,6 +232,7 @@ class NativeEngine:
         # device time per kind of launch (steps per batch bucket, prefills; the co-worker adds
         # its own): CUDA timing events on a GPU, the host clock on the CPU, from the load on
         self.gpu_time = GpuTimer(False)
+        self.loop_time = LoopClock()  # host wall time of the loop's phases (stats()["loop_ms"])
 
     @classmethod
     async def create(
@@ -397,6 +398,7 @@ class NativeEngine:
             "tracked": len(self._by_id),
             "steps": self.steps,
             "gpu_ms": self.gpu_time.snapshot(),
+            "loop_ms": self.loop_time.snapshot(),
         }
 
     def shutdown(self) -> None:
@@ -630,7 +632,7 @@ class NativeEngine:
         """Wait for a launched step's frames; ``(request, frames [1, 16], finished)`` per row
         that still counts (rows of stopped requests are dropped)."""
         if st.ready is not None:
-            st.ready.synchronize()
+            self.loop_time.wait("wait_step", st.ready)
             self.gpu_time.collect()
         out = st.host.numpy().copy()  # the buffer is reused two steps on
         events = []
@@ -650,6 +652,8 @@ class NativeEngine:
         ``overlap_steps``, all but the one just launched). Returns ``(request, frames [1, 16] or
         None, finished)`` events for the loop to dispatch."""
         events = []
+        lap = self.loop_time.lap
+        lap("between")  # since the previous iteration: handing its events over, the admissions' lock
         # releases happen on the stream behind any launched step; a request whose frames are all
         # launched leaves now, its last frame still to be read
         for r in [r for r in self._active if r.aborted or r.launched >= r.req.max_frames]:
@@ -657,6 +661,7 @@ class NativeEngine:
             if r.aborted:
                 r.stopped = True
                 events.append((r, None, True))
+        lap("release")
         live = []
         for r in admits:
             if r.aborted:
@@ -670,6 +675,7 @@ class NativeEngine:
                     self._release(r)
                     r.stopped = True
                     events.append((r, None, True))
+        lap("admit")
         cw = self.cowork
         read_first = getattr(cw, "read_first", None)
         if self._inflight and read_first is not None:
@@ -678,7 +684,9 @@ class NativeEngine:
                 events.extend(self._read_launched(0))
         told = len(events)
         self._tell(events)
+        lap("read_first_tell")
         ran = cw is not None and cw.run(bool(self._active))
+        lap("cowork_launch")
         # a co-worker with ``finish`` only launched its GPU work; with the overlap a step goes
         # behind it before the co-worker waits for it
         finish = getattr(cw, "finish", None) if ran else None
@@ -686,10 +694,14 @@ class NativeEngine:
         if self._active and (not ran or (finish is not None and self.config.overlap_steps)):
             self._launch_step()
             launched = True
+        lap("step_launch")
         if finish is not None:
             finish()
+            lap("cowork_finish")
         events.extend(self._read_launched(1 if launched and self.config.overlap_steps else 0))
+        lap("read")
         self._tell(events[told:])
+        lap("tell")
         return events
 
     def _read_launched(self, keep: int) -> List[Tuple[_Req, Optional[np.ndarray], bool]]:
@@ -820,10 +832,12 @@ class NativeEngine:
                         break
                     if self._idle():
                         self._twake.wait(timeout=1.0)
+                        self.loop_time.lap("idle")
                         continue
                     events = self._work(self._admissions())
                     if not post(deliver, events):
                         return
+                    self.loop_time.lap("post")
             except BaseException as e:  # noqa: BLE001 -- reported to the task
                 err = e
             if not post(end, err) and err is not None:  # the event loop is closed

@@ -98,3 +98,43 @@ class GpuTimer:
             k: {"ms": round(v, 1), "calls": calls.get(k, 0), "mean_ms": round(v / max(1, calls.get(k, 0)), 3)}
             for k, v in sorted(ms.items())
         }
+
+
+class LoopClock:
+    """Host wall time of the engine loop's phases, the host-side twin of :class:`GpuTimer`.
+
+    The loop calls :meth:`lap` at the end of each phase of an iteration (releases, admissions,
+    the co-worker's launch, the step's launch, reading frames, handing them over, idling), so
+    the laps partition the loop thread's wall time. :meth:`wait` times a wait for the GPU
+    (``event.synchronize()``) under its own name; a wait is also part of the lap it happens
+    in. Where the GPU is not busy all the time (``scripts/gpu_busy.py``), the laps say which
+    host work it waited for: with the loop's waits near zero the host, not the GPU, bounds the
+    iteration rate. Written by the loop's thread only; :meth:`snapshot` may run on any."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self._clock = clock
+        self._t: Optional[float] = None
+        self.ms: Dict[str, float] = {}
+        self.calls: Dict[str, int] = {}
+
+    def _add(self, name: str, seconds: float) -> None:
+        self.ms[name] = self.ms.get(name, 0.0) + seconds * 1000.0
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def lap(self, name: str) -> None:
+        """The time since the previous lap (none before the first) goes to ``name``."""
+        now = self._clock()
+        if self._t is not None:
+            self._add(name, now - self._t)
+        self._t = now
+
+    def wait(self, name: str, event) -> None:
+        """``event.synchronize()``, its duration added to ``name``."""
+        t0 = self._clock()
+        event.synchronize()
+        self._add(name, self._clock() - t0)
+
+    def snapshot(self) -> Dict[str, dict]:
+        """``{name: {"ms": total, "calls": n}}``."""
+        ms, calls = dict(self.ms), dict(self.calls)  # dict copies are atomic under the GIL
+        return {k: {"ms": round(v, 1), "calls": calls.get(k, 0)} for k, v in sorted(ms.items())}

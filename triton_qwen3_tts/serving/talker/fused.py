@@ -402,7 +402,11 @@ class FusedPipeline:
             return
         batch, streams, results, ready, now = self._unread
         self._unread = None
-        ready.synchronize()
+        clock = getattr(self.engine, "loop_time", None)
+        if clock is not None:
+            clock.wait("wait_codec", ready)
+        else:
+            ready.synchronize()
         self._gpu_time.collect()
         t_end = self.clock()
         stats = self.fused_stats
