@@ -430,41 +430,9 @@ def check_bench_parity(out: dict) -> None:
     out["bench_parity_one_row_codes"] = res["greedy"]["codes"]
 
 
-def check_codec_residual_unit(out: dict) -> None:
-    """serving/codec/kernels.py's residual unit against the module's arithmetic (model/codec.py
-    ``ResidualUnit`` over the state's concatenation, as ``StatefulCodecDecoder`` runs it): the
-    output and the new state, relative to the output's largest magnitude. fp32: channels not a
-    power of two (padded), a call shorter than the state (every tap of the first samples in the
-    past); bf16 (the reference rounds after each elementwise op, the kernel after the sums)."""
-    from triton_qwen3_tts.model.codec import ResidualUnit
-    from triton_qwen3_tts.serving.codec.kernels import pack_unit, residual_unit
-
-    g = torch.Generator().manual_seed(0)
-    for name, C, d, L, dt in (
-        ("f32", 24, 3, 150, torch.float32),
-        ("f32_short", 40, 9, 20, torch.float32),
-        ("bf16", 24, 1, 100, torch.bfloat16),
-    ):
-        ru = ResidualUnit(C, d).eval()
-        with torch.no_grad():
-            for prm in ru.parameters():
-                prm.copy_(torch.randn(prm.shape, generator=g) * 0.3)
-            ru = ru.to(dt)
-            x = torch.randn(2, L, C, generator=g).to(dt)
-            past = torch.randn(2, C, 6 * d, generator=g).to(dt)
-            xn = x.transpose(1, 2)
-            xx = torch.cat([past, ru.act1(xn)], 2)
-            ref = xn + ru.conv2.conv(ru.act2(ru.conv1.conv(xx)))
-            y, new = residual_unit(x, past, pack_unit(ru), bt=32, bk=16, bn=16)
-        scale = float(ref.float().abs().max())
-        out[f"codec_unit_{name}"] = _maxdiff(y.transpose(1, 2), ref) / scale
-        out[f"codec_unit_state_{name}"] = _maxdiff(new, xx[..., -6 * d :]) / max(1.0, float(xx.float().abs().max()))
-
-
 CHECKS = {
     f.__name__: f
     for f in (
-        check_codec_residual_unit,
         check_linear,
         check_split_k,
         check_gemv,
