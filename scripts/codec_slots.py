@@ -8,8 +8,8 @@
 The slots are those the fused pipeline warms at start (``serving/talker/engines.py``
 ``make_fused``): the batch buckets up to ``--max-batch`` times the frame counts of
 ``serving/talker/fused.py`` ``frame_buckets``. Per slot, in the warm-up's order: the seconds its
-warm-up took (with ``--compile``: the ``torch.compile`` of the step where that slot triggered
-one, ``cudnn.benchmark``'s trials and the CUDA-graph capture), then the median of ``--iters``
+warm-up took (``cudnn.benchmark``'s trials, the CUDA-graph capture and, with ``--compile``, the
+``torch.compile`` of the step where that slot triggered one), then the median of ``--iters``
 calls (CUDA graph replays, CUDA-event timed; on the CPU the runner's padded eager path, wall
 time) and the audio-seconds per second it decodes. With ``--compile`` the log also says how many
 graphs dynamo compiled (run 29b: four, 50-70 s each, before batch 1 and one frame were kept away
@@ -103,7 +103,6 @@ def main(argv=None) -> int:
         have = {(b, t) for b in runner.batch_buckets for t in runner.frame_buckets}
         if not only <= have:
             ap.error(f"--slots {sorted(only - have)}: not a slot; slots: {sorted(have)}")
-    torch.backends.cudnn.benchmark = args.compile and gpu
     torch._dynamo.utils.counters.clear()
     rows, t00 = [], time.perf_counter()
 

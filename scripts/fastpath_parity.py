@@ -186,9 +186,7 @@ def codec_parity(args) -> dict:
     comp = StatefulGraphRunner(
         sd16, dev, torch.bfloat16, (B,), fb, capture=cap, compile=True, compile_backend=args.codec_backend
     )
-    torch.backends.cudnn.benchmark = True  # as warm_stateful_codec does for a compiled codec
-    comp.warmup()
-    torch.backends.cudnn.benchmark = False
+    comp.warmup()  # each slot's capture times cuDNN's algorithms (StatefulGraphRunner._slot)
     res["compile_capture_s"] = round(time.time() - t0, 1)
     a = decode(plain.step, sd16, torch.bfloat16)
     b = decode(comp.step, sd16, torch.bfloat16)

@@ -15,7 +15,7 @@ iteration under load) and the device time of every kind of launch (``gpu_ms``: C
 - with the engine's ``loop_ms`` (host wall time of the loop's phases,
   ``engines/native/gputime.py`` ``LoopClock``), a second line per interval: the loop thread's
   milliseconds an iteration per phase, and its waits for the GPU (``wait_step``,
-  ``wait_codec``, parts of the phases they happen in). Waits near zero while the GPU is not
+  ``wait_codec``, ``wait_prefill``: parts of the phases they happen in). Waits near zero while the GPU is not
   busy all the time: the host's work, not the GPU, bounds the iteration rate.
 
     python scripts/gpu_busy.py docs/bench/run34/b/server.log.gz [--gpu 0]
@@ -44,6 +44,7 @@ class Stats:
     ms: Dict[str, float]  # device ms per kind of launch
     calls: Dict[str, int]
     loop: Dict[str, float]  # host ms per loop phase (empty for logs from before loop_ms)
+    loop_calls: Dict[str, int]
 
 
 def parse(lines: Iterable[str], gpu: int = 0) -> List[Stats]:
@@ -62,6 +63,7 @@ def parse(lines: Iterable[str], gpu: int = 0) -> List[Stats]:
                 ms={k: float(v["ms"]) for k, v in g.items()},
                 calls={k: int(v["calls"]) for k, v in g.items()},
                 loop={k: float(v["ms"]) for k, v in d.get("loop_ms", {}).items()},
+                loop_calls={k: int(v["calls"]) for k, v in d.get("loop_ms", {}).items()},
             )
         )
     return out
@@ -90,12 +92,17 @@ def intervals(stats: List[Stats]) -> List[dict]:
                 "ms_per_iter": 1000 * dt / iters if iters else float("nan"),
                 "gpu_ms_per_iter": {k: v / iters for k, v in sorted(by.items())} if iters else {},
                 "prefills": b.calls.get("prefill", 0) - a.calls.get("prefill", 0),
-                "loop_ms_per_iter": {k: (v - a.loop.get(k, 0.0)) / iters for k, v in sorted(b.loop.items())}
-                if iters
-                else {},
+                "loop_ms_per_iter": _per_iteration(a, b),
             }
         )
     return rows
+
+
+def _per_iteration(a: Stats, b: Stats) -> Dict[str, float]:
+    """The loop's host ms per phase between two lines, per loop iteration (its ``release``
+    laps: one per iteration, with or without a decode step; the decode steps for older logs)."""
+    n = b.loop_calls.get("release", 0) - a.loop_calls.get("release", 0) or b.steps - a.steps
+    return {k: (v - a.loop.get(k, 0.0)) / n for k, v in sorted(b.loop.items())} if n else {}
 
 
 def _open(path: str):

@@ -277,7 +277,8 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting(
         "native_batch_buckets",
         "",
-        "native engine: decode batch sizes with a captured graph, e.g. 1,8,32,64 ('' = the engine's default)",
+        "native engine: decode batch sizes with a captured graph, e.g. 1,8,32,64 ('' = the engine's default); "
+        "prefills have their own buckets (every power of two prompts up to max_num_seqs)",
         group="talker",
     ),
     Setting(

@@ -531,6 +531,10 @@ class NativeEngine:
         """Whether the prefill's first token of slots ``a .. a + P - 1`` is EOS: a host read,
         which waits for the prefill."""
         m = self.model
+        if m.c0.is_cuda:  # the read waits for the prefill: timed as a wait, not as admission work
+            ev = torch.cuda.Event()
+            ev.record()
+            self.loop_time.wait("wait_prefill", ev)
         return [int(c) == m.eos for c in m.c0[a : a + P].cpu()]
 
     def _pf_key(self, P: int, L: int):
@@ -653,7 +657,7 @@ class NativeEngine:
         None, finished)`` events for the loop to dispatch."""
         events = []
         lap = self.loop_time.lap
-        lap("between")  # since the previous iteration: handing its events over, the admissions' lock
+        lap("between")  # the wake checks and _admissions() (in the executor: also the event loop's turn)
         # releases happen on the stream behind any launched step; a request whose frames are all
         # launched leaves now, its last frame still to be read
         for r in [r for r in self._active if r.aborted or r.launched >= r.req.max_frames]:
@@ -781,6 +785,7 @@ class NativeEngine:
                 if self._idle():
                     self._wake.clear()
                     await self._wake.wait()
+                    self.loop_time.lap("idle")
                     continue
                 events = await loop.run_in_executor(None, self._work, self._admissions())
                 self._deliver(events)
