@@ -17,6 +17,15 @@ def _pos_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
+def _doublings(start: int, below: int) -> Tuple[int, ...]:
+    """``start, 2 * start, 4 * start, ...`` while less than ``below`` (the engine's buckets)."""
+    out = []
+    while start < below:
+        out.append(start)
+        start *= 2
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class NativeEngineConfig:
     """Settings of the native engine; validated on construction (:class:`EngineError`).
@@ -171,21 +180,13 @@ class NativeEngineConfig:
     def prefill_len_sizes(self) -> Tuple[int, ...]:
         """Prompt-length buckets of the captured prefills: powers of two from 16 up to
         ``min(max_model_len, prefill_max_tokens)``; longer prompts prefill eagerly."""
-        out, L = [], 16
-        while L <= min(self.max_model_len, self.prefill_max_tokens):
-            out.append(L)
-            L *= 2
-        return tuple(out)
+        return _doublings(16, min(self.max_model_len, self.prefill_max_tokens) + 1)
 
     def prefill_batch_sizes(self) -> Tuple[int, ...]:
         """Prompt-count buckets of the captured prefills: powers of two up to ``max_num_seqs``,
         plus it. Finer than the decode buckets because a prefill's cost grows with its padded
         rows (run 40b: 4 prompts of 64 rows 3.63 ms, padded to 8 prompts 5.25)."""
-        out, p = {self.max_num_seqs}, 1
-        while p < self.max_num_seqs:
-            out.add(p)
-            p *= 2
-        return tuple(sorted(out))
+        return _doublings(1, self.max_num_seqs) + (self.max_num_seqs,)
 
     def prefill_buckets(self) -> Tuple[Tuple[int, int], ...]:
         """The captured prefills' ``(prompts, length)`` buckets: ``P * L <= prefill_max_tokens``."""
@@ -207,10 +208,7 @@ class NativeEngineConfig:
     def ctx_sizes(self) -> Tuple[int, ...]:
         """Effective attention context buckets (ascending; the last is max_model_len)."""
         if self.ctx_buckets is None:
-            out, c = set(), 256
-            while c < self.max_model_len:
-                out.add(c)
-                c *= 2
+            out = set(_doublings(256, self.max_model_len))
         else:
             out = {c for c in self.ctx_buckets if c < self.max_model_len}
         return tuple(sorted(out | {self.max_model_len}))
