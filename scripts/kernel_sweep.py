@@ -9,6 +9,14 @@ kernels' tile choice lives in ``kernels.tiles``.
     python scripts/kernel_sweep.py --rows 1 64 --json sweep.json
     python scripts/kernel_sweep.py --rows 1 64 --cold --json sweep_cold.json   # weights from DRAM
     python scripts/kernel_sweep.py --rows 8 64 --cold --configs none --splits 1 2 4 8   # split-K
+    python scripts/kernel_sweep.py --attention --rows 1 8 32 64 128 --json attn.json  # decode attention
+
+``--attention`` sweeps the talker's decode attention instead (``kernels.decode_attention``, the
+1.7B talker's 16 query and 8 kv heads of 128): positions per block, warps, pipeline stages and
+context splits, at each row count and context (``--contexts``, every row at that position of
+its power-of-two bucket), each call reading another copy of the KV cache (cold, as in the step,
+where 28 layers' caches and weights pass through L2); the choice lives in
+``kernels.decode_config``.
 """
 
 from __future__ import annotations
@@ -96,8 +104,22 @@ def main() -> int:
         help="K parts (split-K) of every candidate tile configuration; the default configuration is also "
         "timed with kernels.k_splits' choice",
     )
+    ap.add_argument(
+        "--attention",
+        action="store_true",
+        help="sweep the talker's decode attention (kernels.decode_attention) instead of the GEMMs",
+    )
+    ap.add_argument(
+        "--contexts",
+        type=int,
+        nargs="+",
+        default=[100, 300, 700],
+        help="with --attention: each row's last position (its context bucket: the next power of two above it)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.attention:
+        return sweep_attention(args)
     dev, dt = "cuda", torch.bfloat16
     torch.manual_seed(0)
     results = []
@@ -174,6 +196,69 @@ def main() -> int:
         print(
             f"{name:8s} M={M:4d}  torch {row['torch_ms'] * 1e3:7.1f} us  tiles() {row.get('default_ms', float('nan')) * 1e3:7.1f} us "
             f"{default}  best {best[0] * 1e3:7.1f} us {best[1]}  (weights at 3.35 TB/s: {ideal * 1e3:5.1f} us)",
+            flush=True,
+        )
+        results.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+ATTN_HEADS, ATTN_KV_HEADS, ATTN_HD = 16, 8, 128  # the 1.7B talker's
+
+
+def attention_candidates(C: int) -> list:
+    """(positions per block, num_warps, num_stages, splits) configurations of
+    :func:`kernels.decode_attention` for a context bucket ``C``: blocks of 32-128 positions, 4 or
+    8 warps, 2 or 3 stages (and one unpipelined), 1-16 splits of at least one block each."""
+    out = []
+    for block, warps, stages in [(b, w, st) for b in (32, 64, 128) for w in (4, 8) for st in (2, 3)] + [(64, 4, 1)]:
+        for splits in (1, 2, 4, 8, 16):
+            if block <= C and C // splits >= block:
+                out.append((block, warps, stages, splits))
+    return out
+
+
+def sweep_attention(args) -> int:
+    """Time :func:`kernels.decode_attention` under :func:`attention_candidates` at each row count
+    and context; print the default's time and the fastest three."""
+    dev, dt = "cuda", torch.bfloat16
+    torch.manual_seed(0)
+    H, KV, hd = ATTN_HEADS, ATTN_KV_HEADS, ATTN_HD
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    results = []
+    for ctx, B in itertools.product(args.contexts, args.rows):
+        C = 1 << ctx.bit_length()  # the bucket above the last position
+        per = 2 * B * KV * C * hd * 2  # one copy's K and V bytes
+        copies = min(64, max(4, -(-4 * l2 // per)))
+        kcs = [torch.randn(B, KV, C, hd, device=dev, dtype=dt) for _ in range(copies)]
+        vcs = [torch.randn(B, KV, C, hd, device=dev, dtype=dt) for _ in range(copies)]
+        q = torch.randn(B, H * hd, device=dev, dtype=dt)
+        pos = torch.full((B,), ctx, device=dev, dtype=torch.int64)
+        default = nk.decode_config(B, KV, C, sms)
+        row = {"B": B, "ctx": ctx, "C": C, "default": list(default), "timed": []}
+        for cfg in attention_candidates(C) + ([default] if default not in attention_candidates(C) else []):
+            try:
+                ms = _time(
+                    lambda i: nk.decode_attention(q, kcs[i % copies], vcs[i % copies], pos, C, H, KV, config=cfg),
+                    args.iters,
+                    max(10, copies),
+                )
+            except Exception as e:  # noqa: BLE001 - a config the compiler refuses (shared memory)
+                ms = float("inf")
+                print(f"  B={B} ctx={ctx} {cfg}: {type(e).__name__}")
+            row["timed"].append([list(cfg), ms])
+            if cfg == default:
+                row["default_ms"] = ms
+        ranked = sorted(row["timed"], key=lambda t: t[1])
+        row["best"], row["best_ms"] = ranked[0]
+        ideal = per * (ctx + 1) / C / 4.8e12 * 1e3  # the cached positions' bytes at 4.8 TB/s
+        top = "  ".join(f"{tuple(c)} {ms * 1e3:6.1f}" for c, ms in ranked[:3])
+        print(
+            f"attn B={B:4d} ctx={ctx:5d} C={C:5d}  default {tuple(default)} {row['default_ms'] * 1e3:6.1f} us  "
+            f"best {top}  (KV at 4.8 TB/s: {ideal * 1e3:5.1f} us)",
             flush=True,
         )
         results.append(row)

@@ -1069,6 +1069,12 @@ def decode_splits(B: int, kv_heads: int, C: int, sms: int) -> int:
     return max(1, min(want, C // DECODE_BLOCK))
 
 
+def decode_config(B: int, kv_heads: int, C: int, sms: int) -> tuple:
+    """(positions per block, num_warps, num_stages, splits) of :func:`decode_attention` for ``B``
+    rows of a context bucket ``C`` on ``sms`` multiprocessors."""
+    return DECODE_BLOCK, 4, 2, decode_splits(B, kv_heads, C, sms)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -1078,6 +1084,7 @@ def decode_attention(
     heads: int,
     kv_heads: int,
     splits: Optional[int] = None,
+    config: Optional[tuple] = None,
 ) -> torch.Tensor:
     """The talker's one-row decode attention (flash-decoding): ``q [B, H * hd]`` (head-major, the
     query heads of kv group g at ``g * H / KV ..``) over ``k_cache``/``v_cache [B', KV, M, hd]``
@@ -1086,15 +1093,17 @@ def decode_attention(
     cached positions, not the whole bucket as SDPA with a mask does. The context is cut into
     ``splits`` parts (default :func:`decode_splits`) run in parallel and merged by a second
     kernel. Returns ``o [B, H * hd]`` in q's dtype, the layout of :func:`_decode_sdpa`'s output
-    reshaped to rows."""
+    reshaped to rows. ``config``: (positions per block, num_warps, num_stages, splits) instead of
+    :func:`decode_config`'s (for tuning: ``scripts/kernel_sweep.py --attention``)."""
     B = q.shape[0]
     hd = k_cache.shape[-1]
     assert q.is_contiguous() and q.shape[1] == heads * hd and heads % kv_heads == 0
     assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride() and C <= k_cache.shape[2]
     assert hd & (hd - 1) == 0
-    S = splits or decode_splits(B, kv_heads, C, _sm_count(q.device))
+    block, warps, stages, S = config or decode_config(B, kv_heads, C, _sm_count(q.device))
+    S = splits or S
     chunk = -(-C // S)  # positions per split: ceil(C / S), in whole blocks
-    chunk = -(-chunk // DECODE_BLOCK) * DECODE_BLOCK
+    chunk = -(-chunk // block) * block
     rep = heads // kv_heads
     RP = 1 << (rep - 1).bit_length()
     o = torch.empty(B, heads * hd, device=q.device, dtype=q.dtype)
@@ -1118,13 +1127,13 @@ def decode_attention(
             HD=hd,
             RP=RP,
             QB=max(DECODE_QB, RP),
-            BLOCK=DECODE_BLOCK,
+            BLOCK=block,
             SPLITS=S,
             UPCAST=_INTERPRET,
             IEEE=q.dtype == torch.float32,
             GDC=pdl != "off",
-            num_warps=4,
-            num_stages=2,
+            num_warps=warps,
+            num_stages=stages,
             **_launch_opts(pdl),
         )
         if S > 1:
