@@ -262,9 +262,9 @@ def sweep_attention(args) -> int:
             flush=True,
         )
         results.append(row)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+        if args.json:  # after each: a run cut short keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
     return 0
 
 
