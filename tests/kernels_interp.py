@@ -275,7 +275,10 @@ def check_decode_attention(out: dict) -> None:
                 key = f"decode_attn_{str(dt).split('.')[-1]}"
                 worst[key] = max(worst.get(key, 0.0), _maxdiff(o.view(B, H, hd), ref))
     out.update(worst)
-    out["decode_splits"] = [nk.decode_splits(b, 8, c, 132) for b, c in ((1, 512), (1, 64), (8, 512), (64, 512))]
+    out["decode_config"] = [
+        list(nk.decode_config(b, 8, c, 132))
+        for b, c in ((1, 128), (1, 512), (1, 1024), (8, 1024), (32, 512), (64, 512))
+    ]
 
 
 def check_talker(out: dict) -> None:

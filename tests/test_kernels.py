@@ -104,9 +104,18 @@ def test_decode_attention_matches_softmax_over_each_rows_positions(interp):
     # heads per kv head
     assert interp["decode_attn_float32"] < 1e-4
     assert interp["decode_attn_bfloat16"] < 2e-2  # bf16 output rounding of values of order 1
-    # B=1 splits its 512-position bucket 8 ways (33 wanted, at least 64 positions each); at most
-    # 128 positions per split whatever the rows
-    assert interp["decode_splits"] == [8, 1, 5, 4]
+    # (block, warps, stages, splits): one row splits its bucket into parts of at least 128
+    # positions (1, 4 and 8 for buckets of 128, 512 and 1,024), blocks of 128 where a part is
+    # that short; 8 rows (64 programs) 5 ways (about two programs per multiprocessor); from one
+    # program per multiprocessor (32 rows of 8 kv heads) no split, 3 stages, and 2 stages from two
+    assert interp["decode_config"] == [
+        [128, 4, 2, 1],
+        [128, 4, 2, 4],
+        [128, 4, 2, 8],
+        [64, 4, 3, 5],
+        [64, 4, 3, 1],
+        [64, 4, 2, 1],
+    ]
 
 
 @needs_triton

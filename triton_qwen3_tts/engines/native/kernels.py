@@ -1048,9 +1048,8 @@ def rope_kv_write(
     return q
 
 
-DECODE_BLOCK = 64  # cached positions per step of the decode-attention loop
-DECODE_MAX_CHUNK = 128  # cached positions per decode-attention program at most
 DECODE_QB = 16  # the query tile's rows (a kv group's query heads, zero-padded): the dots' minimum
+DECODE_MIN_CHUNK = 128  # cached positions per split at least
 
 
 def _sm_count(device: torch.device) -> int:
@@ -1059,20 +1058,25 @@ def _sm_count(device: torch.device) -> int:
     return int(_props(device)["multiprocessor_count"]) if device.type == "cuda" else 132
 
 
-def decode_splits(B: int, kv_heads: int, C: int, sms: int) -> int:
-    """Context splits of :func:`decode_attention` for ``B`` rows of a context bucket ``C``: enough
-    programs (rows x kv heads x splits) for two per multiprocessor, and at most
-    :data:`DECODE_MAX_CHUNK` positions per split (one program's serial loop over a whole long
-    context was slow: run 31b, 64 rows of 300 positions, 90 us per layer against SDPA's 68), each
-    split at least :data:`DECODE_BLOCK` positions."""
-    want = max(-(-2 * sms // max(1, B * kv_heads)), -(-C // DECODE_MAX_CHUNK))
-    return max(1, min(want, C // DECODE_BLOCK))
-
-
 def decode_config(B: int, kv_heads: int, C: int, sms: int) -> tuple:
     """(positions per block, num_warps, num_stages, splits) of :func:`decode_attention` for ``B``
-    rows of a context bucket ``C`` on ``sms`` multiprocessors."""
-    return DECODE_BLOCK, 4, 2, decode_splits(B, kv_heads, C, sms)
+    rows of a context bucket ``C`` on ``sms`` multiprocessors: the fastest of run 41a's sweep
+    (``scripts/kernel_sweep.py --attention``, the 1.7B talker's 8 kv heads, cold caches, H200).
+
+    With at least one (row, kv head) program per multiprocessor the context is not split (no
+    combine kernel, no partial sums written and read back: 64 rows of 300 positions 26.2 -> 23.2
+    us, 128 rows 47.3 -> 41.9), blocks of 64 positions, 3 pipeline stages up to two programs per
+    multiprocessor and 2 above. With fewer, the context is cut into splits of at least
+    :data:`DECODE_MIN_CHUNK` positions for about two programs per multiprocessor (one row of
+    1,024 positions: 8 splits, 5.0 us; of 128: one, 3.0 us), blocks of 128 positions where a
+    split is at most 128 long, else 64 with 3 stages."""
+    programs = max(1, B * kv_heads)
+    if programs >= sms:
+        return 64, 4, (3 if programs < 2 * sms else 2), 1
+    splits = max(1, min(-(-2 * sms // programs), C // DECODE_MIN_CHUNK))
+    if -(-C // splits) <= 128:
+        return 128, 4, 2, splits
+    return 64, 4, 3, splits
 
 
 def decode_attention(
@@ -1091,7 +1095,7 @@ def decode_attention(
     (this layer's slots, B' >= B) at positions ``0 .. pos[b]`` of each row (``pos [B]`` on the
     device, so a CUDA graph replays it for any positions below its bucket ``C``). Reads only the
     cached positions, not the whole bucket as SDPA with a mask does. The context is cut into
-    ``splits`` parts (default :func:`decode_splits`) run in parallel and merged by a second
+    ``splits`` parts (default :func:`decode_config`'s) run in parallel and merged by a second
     kernel. Returns ``o [B, H * hd]`` in q's dtype, the layout of :func:`_decode_sdpa`'s output
     reshaped to rows. ``config``: (positions per block, num_warps, num_stages, splits) instead of
     :func:`decode_config`'s (for tuning: ``scripts/kernel_sweep.py --attention``)."""
@@ -1101,7 +1105,9 @@ def decode_attention(
     assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride() and C <= k_cache.shape[2]
     assert hd & (hd - 1) == 0
     block, warps, stages, S = config or decode_config(B, kv_heads, C, _sm_count(q.device))
-    S = splits or S
+    if splits:  # blocks no longer than a split (at least 32 positions)
+        S = splits
+        block = min(block, max(32, 1 << (-(-C // S) - 1).bit_length()))
     chunk = -(-C // S)  # positions per split: ceil(C / S), in whole blocks
     chunk = -(-chunk // block) * block
     rep = heads // kv_heads

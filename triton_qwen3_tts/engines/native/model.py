@@ -188,6 +188,18 @@ class NativeModel:
             with torch.no_grad():
                 self.cp_folded, self.tk_folded = _folded(self.cp_layers), _folded(self.layers)
                 self.cp_heads = [nk.fold_norm(h.weight, self.cp_norm_w) for h in talker.code_predictor.lm_head]
+                # the residual tables that feed the next residual step, through the projection
+                # to the code predictor's width once (fp32, rounded as a GEMM's output): the
+                # next step's input is then a row gather, not a GEMM per residual step (1.7B: 14
+                # x 2,048 x 1,024, 59 MB in bf16); None where the projection is the identity
+                proj = talker.code_predictor.small_to_mtp_projection
+                self.cp_next_tables = None
+                if getattr(proj, "weight", None) is not None:
+                    bias = proj.bias.float() if proj.bias is not None else None
+                    self.cp_next_tables = [
+                        F.linear(e.weight.float(), proj.weight.float(), bias).to(proj.weight.dtype)
+                        for e in talker.code_predictor.model.codec_embedding[: self.R - 1]
+                    ]
         if self.fast:  # the 15 residual tables stacked; the modules keep views of it (no copy)
             tables = talker.code_predictor.model.codec_embedding
             with torch.no_grad():
@@ -418,15 +430,13 @@ class NativeModel:
 
     def _code_predictor_triton(self, B: int, top_p: bool) -> None:
         """:meth:`part_code_predictor` on the Triton kernels of :mod:`.kernels`: five kernels
-        per layer, one for the norm + head and one for the next input per residual step."""
+        per layer, one for the norm + head and one for the next input (a row gather) per residual
+        step."""
         cp = self.talker.code_predictor
         m = cp.model
         sl = slice(0, B)
         c0, noise, x = self._cp_inputs(B)
         x = x.reshape(B * 2, -1)
-        proj = cp.small_to_mtp_projection
-        proj_w = getattr(proj, "weight", None)
-        proj_b = getattr(proj, "bias", None)
         codes = [c0]
         for j in range(1, self.R + 1):
             p0, t = (0, 2) if j == 1 else (j, 1)
@@ -451,12 +461,9 @@ class NativeModel:
             logits = nk.linear(last, self.cp_heads[j - 1], rms=True, eps=self.cp_norm_eps, out_dtype=torch.float32)
             c = self.sample_residual(B, logits, noise[:, j - 1], top_p)
             codes.append(c)
-            if j < self.R:
-                table = m.codec_embedding[j - 1].weight
-                if proj_w is None:  # identity projection (equal widths): a plain gather
-                    x = table.index_select(0, c)
-                else:
-                    x = nk.linear(table, proj_w, rows=c, bias=proj_b)
+            if j < self.R:  # the next input: a row of the projected table (or the table itself)
+                tables = self.cp_next_tables
+                x = (tables[j - 1] if tables is not None else m.codec_embedding[j - 1].weight).index_select(0, c)
         self.frames[sl].copy_(torch.stack(codes, dim=1))
 
     def _embed_frame(self, frames: torch.Tensor) -> torch.Tensor:
