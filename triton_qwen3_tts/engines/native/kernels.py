@@ -944,6 +944,9 @@ def gemv_tiles(N: int, K: int, swiglu: bool = False) -> tuple:
     return BN, BK, 4
 
 
+CP_ATTN_WARPS = 4  # warps per (row, kv head) program of the code predictor's attention
+
+
 def cp_attention(
     qkv: torch.Tensor,
     qk_w: torch.Tensor,
@@ -996,7 +999,7 @@ def cp_attention(
             HD=hd,
             P=P,
             GDC=pdl != "off",
-            num_warps=4,
+            num_warps=CP_ATTN_WARPS,
             **_launch_opts(pdl),
         )
     return out
