@@ -944,7 +944,11 @@ def gemv_tiles(N: int, K: int, swiglu: bool = False) -> tuple:
     return BN, BK, 4
 
 
-CP_ATTN_WARPS = 4  # warps per (row, kv head) program of the code predictor's attention
+# warps per (row, kv head) program of the code predictor's attention: 4, and 2 from this many
+# rows (run 41d, H200: 2 warps took the 64-row frame step 5.48 -> 5.40 ms and were no faster at
+# 1-32 rows; 8 warps were slower everywhere)
+CP_ATTN_WARPS = 4
+CP_ATTN_FEW_WARPS_ROWS = 64
 
 
 def cp_attention(
@@ -999,7 +1003,7 @@ def cp_attention(
             HD=hd,
             P=P,
             GDC=pdl != "off",
-            num_warps=CP_ATTN_WARPS,
+            num_warps=2 if B >= CP_ATTN_FEW_WARPS_ROWS else CP_ATTN_WARPS,
             **_launch_opts(pdl),
         )
     return out
