@@ -16,7 +16,11 @@ iteration under load) and the device time of every kind of launch (``gpu_ms``: C
   ``engines/native/gputime.py`` ``LoopClock``), a second line per interval: the loop thread's
   milliseconds an iteration per phase, and its waits for the GPU (``wait_step``,
   ``wait_codec``, ``wait_prefill``: parts of the phases they happen in). Waits near zero while the GPU is not
-  busy all the time: the host's work, not the GPU, bounds the iteration rate.
+  busy all the time: the host's work, not the GPU, bounds the iteration rate;
+- with the engine's ``gpu_gap_ms`` (the GPU's time between one timed launch's end and the
+  next one's start, by the pair of launch kinds: ``GpuTimer`` in ``engines/native/gputime.py``),
+  a third line: those gaps' milliseconds an iteration, which says behind which launches the GPU
+  waited for the host (``idle``: gaps of 50 ms or more, the loop without work).
 
     python scripts/gpu_busy.py docs/bench/run34/b/server.log.gz [--gpu 0]
 
@@ -34,6 +38,8 @@ import sys
 from dataclasses import dataclass
 from typing import Dict, Iterable, List
 
+from triton_qwen3_tts.engines.native.gputime import kind_group
+
 _LINE = re.compile(r"(\d\d):(\d\d):(\d\d(?:\.\d+)?)\s.*tts fused pipeline gpu (\d+): (\{.*\})")
 
 
@@ -45,6 +51,7 @@ class Stats:
     calls: Dict[str, int]
     loop: Dict[str, float]  # host ms per loop phase (empty for logs from before loop_ms)
     loop_calls: Dict[str, int]
+    gaps: Dict[str, float]  # the GPU's ms between launches per transition (empty for older logs)
 
 
 def parse(lines: Iterable[str], gpu: int = 0) -> List[Stats]:
@@ -64,13 +71,10 @@ def parse(lines: Iterable[str], gpu: int = 0) -> List[Stats]:
                 calls={k: int(v["calls"]) for k, v in g.items()},
                 loop={k: float(v["ms"]) for k, v in d.get("loop_ms", {}).items()},
                 loop_calls={k: int(v["calls"]) for k, v in d.get("loop_ms", {}).items()},
+                gaps={k: float(v["ms"]) for k, v in d.get("gpu_gap_ms", {}).items()},
             )
         )
     return out
-
-
-def _group(kind: str) -> str:
-    return "step" if kind.startswith("step") else "codec" if kind.startswith("codec") else kind
 
 
 def intervals(stats: List[Stats]) -> List[dict]:
@@ -81,7 +85,7 @@ def intervals(stats: List[Stats]) -> List[dict]:
         iters = b.steps - a.steps
         by: Dict[str, float] = {}
         for k, v in b.ms.items():
-            by[_group(k)] = by.get(_group(k), 0.0) + v - a.ms.get(k, 0.0)
+            by[kind_group(k)] = by.get(kind_group(k), 0.0) + v - a.ms.get(k, 0.0)
         gpu_s = sum(by.values()) / 1000
         rows.append(
             {
@@ -93,16 +97,19 @@ def intervals(stats: List[Stats]) -> List[dict]:
                 "gpu_ms_per_iter": {k: v / iters for k, v in sorted(by.items())} if iters else {},
                 "prefills": b.calls.get("prefill", 0) - a.calls.get("prefill", 0),
                 "loop_ms_per_iter": _per_iteration(a, b),
+                "gap_ms_per_iter": _per_iteration(a, b, "gaps"),
             }
         )
     return rows
 
 
-def _per_iteration(a: Stats, b: Stats) -> Dict[str, float]:
-    """The loop's host ms per phase between two lines, per loop iteration (its ``release``
-    laps: one per iteration, with or without a decode step; the decode steps for older logs)."""
+def _per_iteration(a: Stats, b: Stats, field: str = "loop") -> Dict[str, float]:
+    """``field``'s ms (the loop's host ms per phase, or the GPU's gaps per transition) between two
+    lines, per loop iteration (its ``release`` laps: one per iteration, with or without a decode
+    step; the decode steps for older logs)."""
     n = b.loop_calls.get("release", 0) - a.loop_calls.get("release", 0) or b.steps - a.steps
-    return {k: (v - a.loop.get(k, 0.0)) / n for k, v in sorted(b.loop.items())} if n else {}
+    before, after = getattr(a, field), getattr(b, field)
+    return {k: (v - before.get(k, 0.0)) / n for k, v in sorted(after.items())} if n else {}
 
 
 def _open(path: str):
@@ -132,6 +139,9 @@ def main(argv=None) -> int:
             waits = {k: v for k, v in loop.items() if k.startswith("wait_")}
             phases = " ".join(f"{k} {v:.2f}" for k, v in loop.items() if k not in waits)
             print(f"{'':>8} loop ms/iter: {phases}; waits {' '.join(f'{k} {v:.2f}' for k, v in waits.items())}")
+        gaps = r["gap_ms_per_iter"]
+        if gaps:
+            print(f"{'':>8} gpu gaps ms/iter: {' '.join(f'{k} {v:.2f}' for k, v in gaps.items())}")
     return 0
 
 

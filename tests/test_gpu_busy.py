@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import gpu_busy  # noqa: E402
 
 
-def _line(clock, gpu, steps, step_ms, codec_ms, prefill_ms, prefills, loop=None):
+def _line(clock, gpu, steps, step_ms, codec_ms, prefill_ms, prefills, loop=None, gaps=None):
     stats = {
         "active": 3,
         "steps": steps,
@@ -26,6 +26,8 @@ def _line(clock, gpu, steps, step_ms, codec_ms, prefill_ms, prefills, loop=None)
     }
     if loop is not None:
         stats["loop_ms"] = {k: {"ms": v, "calls": steps} for k, v in loop.items()}
+    if gaps is not None:
+        stats["gpu_gap_ms"] = {k: {"ms": v, "calls": steps} for k, v in gaps.items()}
     # as tritonserver writes it: the message quoted, the JSON's quotes escaped
     text = json.dumps(stats).replace('"', '\\"')
     return f'I1128 {clock} 631 triton.py:411] "tts fused pipeline gpu {gpu}: {text}"\n'
@@ -91,3 +93,31 @@ def test_loop_phases_per_iteration_and_waits_apart(tmp_path):
     # logs from before loop_ms: no second line
     (old,) = gpu_busy.intervals(gpu_busy.parse(LOG[1:4:2], gpu=0))
     assert old["loop_ms_per_iter"] == {}
+
+
+def test_gpu_gaps_per_iteration(tmp_path):
+    log = [
+        _line("04:17:16.000000", 0, 1000, 5000.0, 0.0, 0.0, 0, loop={"release": 1.0}, gaps={"step>step": 100.0}),
+        _line(
+            "04:17:46.000000",
+            0,
+            3000,
+            15000.0,
+            0.0,
+            0.0,
+            0,
+            loop={"release": 2.0},
+            gaps={"step>step": 300.0, "codec>step": 400.0},
+        ),
+    ]
+    (row,) = gpu_busy.intervals(gpu_busy.parse(log, gpu=0))
+    # per loop iteration (release laps; here 2000 more), a transition first seen later from zero
+    assert row["gap_ms_per_iter"] == pytest.approx({"codec>step": 0.2, "step>step": 0.1})
+    path = tmp_path / "server.log"
+    path.write_text("".join(log))
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "gpu_busy.py"), str(path)], capture_output=True, text=True
+    ).stdout
+    assert "gpu gaps ms/iter: codec>step 0.20 step>step 0.10" in out
+    (old,) = gpu_busy.intervals(gpu_busy.parse(LOG[1:4:2], gpu=0))
+    assert old["gap_ms_per_iter"] == {}

@@ -66,6 +66,35 @@ def test_pairs_are_added_once_complete_in_order():
     assert snap["step_b64"]["calls"] == 1  # not counted twice
 
 
+def _launch(t, kind, start_at, end_at):
+    FakeEvent.pending_at = start_at
+    s = t.start()
+    FakeEvent.pending_at = end_at
+    t.stop(kind, s)
+
+
+def test_gaps_between_launches_by_transition():
+    clock = FakeClock()
+    t = GpuTimer(True, event=lambda: make(clock))
+    _launch(t, "step_b64", 0.0, 5.0)
+    _launch(t, "codec_done", 5.0, 11.0)  # queued behind the step: no gap
+    _launch(t, "step_b32", 11.5, 16.0)  # the GPU waited 0.5 ms for the host
+    _launch(t, "step_b64", 16.25, 21.0)
+    _launch(t, "prefill", 100.0, 103.0)  # the loop had no work for 79 ms
+    clock.gpu_now = 16.0
+    t.collect()  # up to the second step: its gap is known, the next pair's is not yet
+    assert t.gap_snapshot() == {"codec>step": {"ms": 0.5, "calls": 1}, "step>codec": {"ms": 0.0, "calls": 1}}
+    clock.gpu_now = 200.0
+    t.collect()
+    assert t.gap_snapshot() == {
+        "codec>step": {"ms": 0.5, "calls": 1},
+        "idle": {"ms": 79.0, "calls": 1},
+        "step>codec": {"ms": 0.0, "calls": 1},
+        "step>step": {"ms": 0.2, "calls": 1},  # 0.25 rounded to 0.1 ms
+    }
+    assert [gputime.kind_group(k) for k in ("step_b8", "codec_first", "prefill")] == ["step", "codec", "prefill"]
+
+
 def test_pending_pairs_are_bounded(monkeypatch):
     monkeypatch.setattr(gputime, "MAX_OPEN", 3)
     clock = FakeClock()
@@ -77,6 +106,7 @@ def test_pending_pairs_are_bounded(monkeypatch):
     clock.gpu_now = 1.0
     t.collect()
     assert t.snapshot()["prefill"]["calls"] == 3
+    assert t.gap_snapshot()["prefill>prefill"]["calls"] == 2  # between the three kept
 
 
 def test_host_event_times_synchronous_work():

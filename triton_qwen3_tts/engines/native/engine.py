@@ -398,6 +398,7 @@ class NativeEngine:
             "tracked": len(self._by_id),
             "steps": self.steps,
             "gpu_ms": self.gpu_time.snapshot(),
+            "gpu_gap_ms": self.gpu_time.gap_snapshot(),
             "loop_ms": self.loop_time.snapshot(),
         }
 

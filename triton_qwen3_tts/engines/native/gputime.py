@@ -15,6 +15,14 @@ the host to launch the rest (a launch the host enqueues in several pieces, such 
 input copies and its graph). With the loop's work queued ahead of the GPU that gap is rare;
 under no load it is counted.
 
+The time between pairs is where the GPU had nothing of the loop's to run. Each collected pair's
+start is measured against the previous pair's end (the loop launches everything on one stream,
+so they run in launch order) and the gap added under the transition between their kinds
+(``step>codec``, ``codec>step``, ``step>step``, ``prefill>step``, ...: :func:`kind_group`);
+gaps of at least :data:`IDLE_GAP_MS` go to ``idle`` (no work queued, not a bubble between
+launches). ``gap_snapshot`` in the engine's ``stats()["gpu_gap_ms"]``; ``scripts/gpu_busy.py``
+prints them per loop iteration, which names the host work the GPU waited for.
+
 On a CPU device the engine passes :class:`HostEvent` (the work is done when its call returns,
 so the host's clock at each record measures it). With ``enabled`` False every call is a no-op.
 ``event`` is the event factory (tests pass a fake one).
@@ -27,6 +35,12 @@ from collections import deque
 from typing import Callable, Deque, Dict, Optional, Tuple
 
 MAX_OPEN = 4096  # pairs kept while their end event is pending (bounded if nobody collects)
+IDLE_GAP_MS = 50.0  # a gap between two launches at least this long: the loop had no work
+
+
+def kind_group(kind: str) -> str:
+    """``step_b64`` -> ``step``, ``codec_first`` -> ``codec``; other kinds as they are."""
+    return "step" if kind.startswith("step") else "codec" if kind.startswith("codec") else kind
 
 
 class HostEvent:
@@ -62,6 +76,9 @@ class GpuTimer:
         self.ms: Dict[str, float] = {}
         self.calls: Dict[str, int] = {}
         self.dropped = 0  # pairs dropped because too many were pending
+        self.gap_ms: Dict[str, float] = {}  # "step>codec": the GPU's ms between such launches
+        self.gap_calls: Dict[str, int] = {}
+        self._prev: Optional[Tuple[str, object]] = None  # the last collected pair's kind, end
 
     def start(self):
         """Record a start event on the current stream (None when disabled)."""
@@ -81,6 +98,7 @@ class GpuTimer:
         if len(self._open) >= MAX_OPEN:
             self._open.popleft()
             self.dropped += 1
+            self._prev = None  # the next pair's gap would span the dropped one
         self._open.append((kind, start, end))
         return end
 
@@ -90,6 +108,13 @@ class GpuTimer:
             kind, start, end = self._open.popleft()
             self.ms[kind] = self.ms.get(kind, 0.0) + float(start.elapsed_time(end))
             self.calls[kind] = self.calls.get(kind, 0) + 1
+            if self._prev is not None:
+                prev_kind, prev_end = self._prev
+                gap = max(0.0, float(prev_end.elapsed_time(start)))
+                key = "idle" if gap >= IDLE_GAP_MS else f"{kind_group(prev_kind)}>{kind_group(kind)}"
+                self.gap_ms[key] = self.gap_ms.get(key, 0.0) + gap
+                self.gap_calls[key] = self.gap_calls.get(key, 0) + 1
+            self._prev = (kind, end)
 
     def snapshot(self) -> Dict[str, dict]:
         """``{kind: {"ms": total, "calls": n, "mean_ms": total / n}}`` of the collected pairs."""
@@ -98,6 +123,11 @@ class GpuTimer:
             k: {"ms": round(v, 1), "calls": calls.get(k, 0), "mean_ms": round(v / max(1, calls.get(k, 0)), 3)}
             for k, v in sorted(ms.items())
         }
+
+    def gap_snapshot(self) -> Dict[str, dict]:
+        """``{transition: {"ms": total, "calls": n}}`` of the gaps between collected pairs."""
+        ms, calls = dict(self.gap_ms), dict(self.gap_calls)
+        return {k: {"ms": round(v, 1), "calls": calls.get(k, 0)} for k, v in sorted(ms.items())}
 
 
 class LoopClock:
