@@ -45,8 +45,18 @@ def start_tts_server(checkpoint, work, **settings):
     repo = build_repository(RepositorySettings(**kw), str(work / "repo"))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    http, grpc, metrics = free_ports(3)
-    srv = launcher.start_server(repo, http, grpc, metrics, str(work / "server.log"), ready_timeout=600)
+    # free_ports' ports are free when chosen, not reserved: another process may bind one (an
+    # outgoing connection's ephemeral port) before tritonserver does, which then exits with
+    # "already in use"; that, and only that, is retried on fresh ports
+    for attempt in range(3):
+        http, grpc, metrics = free_ports(3)
+        log = work / ("server.log" if attempt == 0 else f"server.retry{attempt}.log")
+        try:
+            srv = launcher.start_server(repo, http, grpc, metrics, str(log), ready_timeout=600)
+            break
+        except launcher.LaunchError as e:
+            if "already in use" not in str(e) or attempt == 2:
+                raise
     srv.metrics_port = metrics
     return srv
 
