@@ -239,7 +239,10 @@ def sweep_attention(args) -> int:
         pos = torch.full((B,), ctx, device=dev, dtype=torch.int64)
         default = nk.decode_config(B, KV, C, sms)
         row = {"B": B, "ctx": ctx, "C": C, "default": list(default), "timed": []}
-        for cfg in attention_candidates(C) + ([default] if default not in attention_candidates(C) else []):
+        cands = attention_candidates(C)
+        if default not in cands:
+            cands.append(default)
+        for cfg in cands:
             try:
                 ms = _time(
                     lambda i: nk.decode_attention(q, kcs[i % copies], vcs[i % copies], pos, C, H, KV, config=cfg),

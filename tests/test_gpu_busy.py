@@ -74,6 +74,14 @@ def test_command_reads_a_gzipped_log_and_refuses_one_line(tmp_path):
     assert r.returncode == 1 and "need two" in r.stderr
 
 
+def _script_output(tmp_path, log) -> str:
+    """scripts/gpu_busy.py's standard output on a log of these lines."""
+    path = tmp_path / "server.log"
+    path.write_text("".join(log))
+    script = os.path.join(ROOT, "scripts", "gpu_busy.py")
+    return subprocess.run([sys.executable, script, str(path)], capture_output=True, text=True).stdout
+
+
 def test_loop_phases_per_iteration_and_waits_apart(tmp_path):
     log = [
         _line("04:17:16.000000", 0, 1000, 5000.0, 0.0, 0.0, 0, loop={"read": 500.0, "wait_step": 400.0}),
@@ -84,11 +92,7 @@ def test_loop_phases_per_iteration_and_waits_apart(tmp_path):
     (row,) = gpu_busy.intervals(gpu_busy.parse(log, gpu=0))
     # a phase first seen in the later line counts from zero
     assert row["loop_ms_per_iter"] == pytest.approx({"post": 0.3, "read": 1.0, "wait_step": 0.5})
-    path = tmp_path / "server.log"
-    path.write_text("".join(log))
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "gpu_busy.py"), str(path)], capture_output=True, text=True
-    ).stdout
+    out = _script_output(tmp_path, log)
     assert "loop ms/iter: post 0.30 read 1.00; waits wait_step 0.50" in out
     # logs from before loop_ms: no second line
     (old,) = gpu_busy.intervals(gpu_busy.parse(LOG[1:4:2], gpu=0))
@@ -113,11 +117,7 @@ def test_gpu_gaps_per_iteration(tmp_path):
     (row,) = gpu_busy.intervals(gpu_busy.parse(log, gpu=0))
     # per loop iteration (release laps; here 2000 more), a transition first seen later from zero
     assert row["gap_ms_per_iter"] == pytest.approx({"codec>step": 0.2, "step>step": 0.1})
-    path = tmp_path / "server.log"
-    path.write_text("".join(log))
-    out = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "gpu_busy.py"), str(path)], capture_output=True, text=True
-    ).stdout
+    out = _script_output(tmp_path, log)
     assert "gpu gaps ms/iter: codec>step 0.20 step>step 0.10" in out
     (old,) = gpu_busy.intervals(gpu_busy.parse(LOG[1:4:2], gpu=0))
     assert old["gap_ms_per_iter"] == {}
