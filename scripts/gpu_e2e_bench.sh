@@ -29,15 +29,23 @@
 # mp3 opus"). Needs the gateway's wheels in .whl/gateway (scripts/gpu_wheels.sh; without PyAV,
 # which does not fit the call's 64 MiB beside the bundle, only pcm and wav), installed by
 # scripts/gpu_env.sh.
-# The server is stopped with `pkill -f '^tritonserver'` (its command line starts with the binary):
-# an unanchored pattern would also match any shell whose command text names the binary, such as
-# the device call's own.
+# PORT (default 18000: HTTP; gRPC PORT+1, metrics PORT+2) and REPO (default /tmp/repo) let two
+# servers run side by side (an A/B on one machine: both start at once, which costs less device
+# time than two starts in turn); GATE=FILE makes this one wait for FILE before its benchmarks
+# (at most GATE_S seconds, default 400) and DONE=FILE is touched after them, so the two measure
+# in turn, never at once.
+# The server is stopped with `pkill -f '^tritonserver --model-repository=$REPO '` (its command
+# line starts with the binary): an unanchored pattern would also match any shell whose command
+# text names the binary, such as the device call's own.
 set -uo pipefail
 STAGES=${STAGES:-"ckpt model service"}
 FRAMES=${FRAMES:-200}
 LEVELS=${LEVELS-"1 8 32 64"}  # set but empty: no closed loop
 OUT=${OUT:-out}; mkdir -p "$OUT"
 TAG=${TAG:-run}
+PORT=${PORT:-18000}; GRPC=$((PORT + 1)); METRICS=$((PORT + 2))
+REPO=${REPO:-/tmp/repo}
+SERVER="^tritonserver --model-repository=$REPO "  # pkill pattern: this call's server only
 # ckpt is always written (gpu_env.sh) when missing; the stage name stays for old command lines
 source scripts/gpu_env.sh
 if [[ " $STAGES " == *" graphs "* ]]; then
@@ -55,20 +63,24 @@ if [[ " $STAGES " == *" model "* ]]; then
 fi
 service=0; [[ " $STAGES " == *" service "* ]] && service=1
 if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
-  python scripts/build_model_repository.py --checkpoint "$CKPT" --out /tmp/repo --engine native --device gpu \
+  python scripts/build_model_repository.py --checkpoint "$CKPT" --out "$REPO" --engine native --device gpu \
     --codec-backend python --codec-dtype bfloat16 --max-num-seqs 64 --max-text-chars 300 --max-instruct-chars 20 \
     --default-max-frames "$FRAMES" --max-frames-limit 500 --max-in-flight 64 --max-queued 64 \
     --codec-frame-buckets "2,4,8,16,32,64,97" ${REPO_ARGS:-} || { echo "repository build failed" >&2; exit 1; }
   if [ "${PROFILE:-0}" = 1 ]; then export QWEN3_TTS_PROFILE_DIR="$OUT/profiles_$TAG"; fi
-  setsid -w tritonserver --model-repository=/tmp/repo --backend-directory=$TRITON_HOME/triton/backends \
-    --allow-gpu-metrics=false --http-port=18000 --grpc-port=18001 --metrics-port=18002 > "$OUT/server_$TAG.log" 2>&1 &
+  setsid -w tritonserver --model-repository="$REPO" --backend-directory=$TRITON_HOME/triton/backends \
+    --allow-gpu-metrics=false --http-port=$PORT --grpc-port=$GRPC --metrics-port=$METRICS > "$OUT/server_$TAG.log" 2>&1 &
   srv=$!
   # a model that fails to load makes the server exit: stop waiting then, not after READY_S
-  for i in $(seq 1 "${READY_S:-300}"); do curl -sf localhost:18000/v2/health/ready > /dev/null && break; sleep 1
+  for i in $(seq 1 "${READY_S:-300}"); do curl -sf localhost:$PORT/v2/health/ready > /dev/null && break; sleep 1
     kill -0 "$srv" 2> /dev/null || { echo "server exited after ${i}s" >&2; break; }; done
-  { kill -0 "$srv" 2> /dev/null && curl -sf localhost:18000/v2/health/ready > /dev/null; } || { echo "server not ready after ${i}s" >&2;
-    grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f '^tritonserver'; exit 1; }
+  { kill -0 "$srv" 2> /dev/null && curl -sf localhost:$PORT/v2/health/ready > /dev/null; } || { echo "server not ready after ${i}s" >&2;
+    grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f "$SERVER"; [ -n "${DONE:-}" ] && touch "$DONE"; exit 1; }
   echo "server ready after ${i}s"
+  if [ -n "${GATE:-}" ]; then
+    for _ in $(seq 1 "${GATE_S:-400}"); do [ -e "$GATE" ] && break; sleep 1; done
+    echo "gate $GATE $([ -e "$GATE" ] && echo open || echo "still shut: measuring anyway") at $(date +%T)"
+  fi
   if [ "$service" = 0 ]; then
     :  # the gateway stage alone: no closed or open loop
   elif [ "${PER_LEVEL:-0}" = 1 ]; then
@@ -76,14 +88,14 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
     # histograms (TTFA, time to first frames) can be split per level by differencing snapshots
     for L in $LEVELS; do
       # shellcheck disable=SC2086
-      timeout 300 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --concurrency "$L" \
+      timeout 300 python benchmark/benchmark_service.py --url 127.0.0.1:$GRPC --concurrency "$L" \
         --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service_${TAG}_c$L.json" \
         --out-csv "$OUT/service_${TAG}_c$L.csv" --no-progress 2>&1 | tail -4
-      curl -s localhost:18002/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_${TAG}_c$L.txt"
+      curl -s localhost:$METRICS/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_${TAG}_c$L.txt"
     done
   elif [ -n "$LEVELS" ]; then
     # shellcheck disable=SC2086
-    timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:18001 --concurrency $LEVELS \
+    timeout 400 python benchmark/benchmark_service.py --url 127.0.0.1:$GRPC --concurrency $LEVELS \
       --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 15 --warmup 1} --out-json "$OUT/service_$TAG.json" \
       --out-csv "$OUT/service_$TAG.csv" --no-progress 2>&1 | tail -30
   fi
@@ -92,29 +104,29 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
     # histograms per rate, by differencing); each table's capacity line covers its one rate
     for R in $RATES; do
       # shellcheck disable=SC2086
-      timeout "${OPEN_TIMEOUT:-400}" python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate "$R" \
+      timeout "${OPEN_TIMEOUT:-400}" python benchmark/benchmark_service.py --url 127.0.0.1:$GRPC --rate "$R" \
         --fixed-frames "${OPEN_FRAMES:-50}" ${OPEN_ARGS:---duration 15 --warmup 2 --streams 64} \
         --out-json "$OUT/open_${TAG}_r$R.json" --out-csv "$OUT/open_${TAG}_r$R.csv" --no-progress 2>&1 | tail -4
-      curl -s localhost:18002/metrics | grep -E "^qwen3_tts" > "$OUT/metrics_${TAG}_r$R.txt"
+      curl -s localhost:$METRICS/metrics | grep -E "^qwen3_tts" > "$OUT/metrics_${TAG}_r$R.txt"
     done
   elif [ "$service" = 1 ] && [ -n "${RATES:-}" ]; then
     # shellcheck disable=SC2086
-    timeout "${OPEN_TIMEOUT:-400}" python benchmark/benchmark_service.py --url 127.0.0.1:18001 --rate $RATES \
+    timeout "${OPEN_TIMEOUT:-400}" python benchmark/benchmark_service.py --url 127.0.0.1:$GRPC --rate $RATES \
       --fixed-frames "${OPEN_FRAMES:-50}" ${OPEN_ARGS:---duration 15 --warmup 2 --streams 64} \
       --out-json "$OUT/open_$TAG.json" --out-csv "$OUT/open_$TAG.csv" --no-progress 2>&1 | tail -30
   fi
   if [ "$service" = 1 ] && [ -n "${PROFILE_RATE:-}" ]; then
     source scripts/gpu_pyspy.sh
-    pyspy_profile "$TAG" 127.0.0.1:18001 "$(pgrep -f '^tritonserver' | head -1)"
+    pyspy_profile "$TAG" 127.0.0.1:$GRPC "$(pgrep -f "$SERVER" | head -1)"
   fi
   if [[ " $STAGES " == *" gateway "* ]]; then
     if python -c "import fastapi, uvicorn, multipart" 2>/dev/null; then
-      python -m triton_qwen3_tts.gateway.main --triton-url 127.0.0.1:18001 --port 18080 \
+      python -m triton_qwen3_tts.gateway.main --triton-url 127.0.0.1:$GRPC --port 18080 \
         --voices-dir "/tmp/voices_$TAG" > "$OUT/gateway_$TAG.log" 2>&1 &
       gateway_pid=$!
       for i in $(seq 1 60); do curl -sf localhost:18080/ready > /dev/null && break; sleep 1; done
       # shellcheck disable=SC2086
-      timeout 400 python benchmark/benchmark_gateway.py --grpc-url 127.0.0.1:18001 \
+      timeout 400 python benchmark/benchmark_gateway.py --grpc-url 127.0.0.1:$GRPC \
         --gateway-url http://127.0.0.1:18080 ${GATEWAY_ARGS:---requests 50 --warmup 5 --max-frames 50 --formats pcm wav mp3 opus} \
         --out-json "$OUT/gateway_$TAG.json" 2>&1 | tail -10
       kill -TERM "$gateway_pid"; wait "$gateway_pid" 2>/dev/null
@@ -122,8 +134,9 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
       echo "gateway stage skipped: fastapi, uvicorn or python-multipart missing (carry their wheels in .whl/gateway)" >&2
     fi
   fi
-  curl -s localhost:18002/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_$TAG.txt"
-  pkill -TERM -f '^tritonserver'; sleep 5; pkill -KILL -f triton_python_backend_stub
+  curl -s localhost:$METRICS/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_$TAG.txt"
+  [ -n "${DONE:-}" ] && touch "$DONE"
+  pkill -TERM -f "$SERVER"; sleep 5; pkill -KILL -f "triton_python_backend_stub $REPO/"
   grep -E "^E|Traceback|Error" "$OUT/server_$TAG.log" | head -20
   if [ "${PROFILE:-0}" = 1 ]; then
     sleep 2; python scripts/profile_report.py "$QWEN3_TTS_PROFILE_DIR" --stacks 4 > "$OUT/profile_$TAG.txt" 2>&1
