@@ -31,9 +31,11 @@
 # scripts/gpu_env.sh.
 # PORT (default 18000: HTTP; gRPC PORT+1, metrics PORT+2) and REPO (default /tmp/repo) let two
 # servers run side by side (an A/B on one machine: both start at once, which costs less device
-# time than two starts in turn); GATE=FILE makes this one wait for FILE before its benchmarks
-# (at most GATE_S seconds, default 400) and DONE=FILE is touched after them, so the two measure
-# in turn, never at once.
+# time than two starts in turn). READY_FILE is touched once this server is ready, DONE after its
+# benchmarks; GATE="FILE ..." makes it wait for every FILE before its benchmarks (at most GATE_S
+# seconds, default 400). Server A: GATE=B's READY_FILE, so that B's start (graph captures,
+# compiles) does not run beside A's measurement (run 42b: a 64-row step 13 % slower while the
+# other server loaded); server B: GATE=A's DONE.
 # The server is stopped with `pkill -f '^tritonserver --model-repository=$REPO '` (its command
 # line starts with the binary): an unanchored pattern would also match any shell whose command
 # text names the binary, such as the device call's own.
@@ -75,12 +77,13 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
   for i in $(seq 1 "${READY_S:-300}"); do curl -sf localhost:$PORT/v2/health/ready > /dev/null && break; sleep 1
     kill -0 "$srv" 2> /dev/null || { echo "server exited after ${i}s" >&2; break; }; done
   { kill -0 "$srv" 2> /dev/null && curl -sf localhost:$PORT/v2/health/ready > /dev/null; } || { echo "server not ready after ${i}s" >&2;
-    grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f "$SERVER"; [ -n "${DONE:-}" ] && touch "$DONE"; exit 1; }
+    grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f "$SERVER"; for f in ${DONE:-} ${READY_FILE:-}; do touch "$f"; done; exit 1; }
   echo "server ready after ${i}s"
-  if [ -n "${GATE:-}" ]; then
-    for _ in $(seq 1 "${GATE_S:-400}"); do [ -e "$GATE" ] && break; sleep 1; done
-    echo "gate $GATE $([ -e "$GATE" ] && echo open || echo "still shut: measuring anyway") at $(date +%T)"
-  fi
+  [ -n "${READY_FILE:-}" ] && touch "$READY_FILE"
+  for g in ${GATE:-}; do
+    for _ in $(seq 1 "${GATE_S:-400}"); do [ -e "$g" ] && break; sleep 1; done
+    echo "gate $g $([ -e "$g" ] && echo open || echo "still shut: measuring anyway") at $(date +%T)"
+  done
   if [ "$service" = 0 ]; then
     :  # the gateway stage alone: no closed or open loop
   elif [ "${PER_LEVEL:-0}" = 1 ]; then
