@@ -155,6 +155,19 @@ def test_fused_audio_equals_frames_decoded_whole_without_overlap(tiny_checkpoint
         p.shutdown()
 
 
+def test_fused_audio_equals_frames_decoded_whole_two_steps_unread(tiny_checkpoint, plain, decoder, loop):
+    """The engine keeping two launched steps unread (``deep_overlap_rows``): frames reach the
+    pipeline a step later, a first chunk takes none from the device while two steps are unread
+    (``unread_rows`` is empty then), and the audio is the same."""
+    p = _pipe(tiny_checkpoint, loop, decoder, first_chunk_frames=2, engine_kw={"deep_overlap_rows": 1})
+    try:
+        assert p._defer
+        _check_audio_equals_frames(p, plain, decoder, loop, first=2)
+        assert all(not st.skip for st in p._streams.values())
+    finally:
+        p.shutdown()
+
+
 def _check_audio_equals_frames(pipe, plain, decoder, loop, first=1):
     d = plain.hidden
     lengths = [3, 11, 17, 6, 9]  # more streams than talker slots: some wait for a slot

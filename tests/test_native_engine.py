@@ -130,9 +130,10 @@ def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
         dict(fuse_weights=False, skip_top_p=False, batched_prefill=False),
         dict(compile=True, compile_backend="eager"),
         dict(overlap_steps=False),
+        dict(deep_overlap_rows=2),
         dict(loop_thread=False),
     ],
-    ids=["fast_math", "unfused", "compile_traced", "read_each_step", "loop_in_executor"],
+    ids=["fast_math", "unfused", "compile_traced", "read_each_step", "two_unread_from_2_rows", "loop_in_executor"],
 )
 def test_greedy_matches_reference_engine_variants(tiny_checkpoint, ref, loop, kw):
     """The fast paths (SDPA with is_causal / an additive mask, one-kernel RMSNorm, stacked
@@ -335,16 +336,23 @@ def test_greedy_eos_and_min_new_tokens(tiny_checkpoint, ref, loop):
         assert any(n < 30 for n in outs)  # EOS actually stopped some request
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "read_each_step"])
-def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, overlap):
+@pytest.mark.parametrize("unread", [1, 2, 0], ids=["overlap", "two_unread", "read_each_step"])
+def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, unread):
     """Requests that stop by EOS at different frames while others decode on, join and wait for a
-    slot. With ``overlap_steps`` a step is launched before the previous one is read, so a row
-    whose EOS is read has already run one more step; that frame is dropped and the slot moves
-    behind it. Every stream equals the reference either way."""
+    slot. With ``overlap_steps`` a step is launched before the previous one is read (with
+    ``deep_overlap_rows`` before the two previous ones), so a row whose EOS is read has already
+    run one (two) more steps; those frames are dropped and the slot moves behind them. Every
+    stream equals the reference either way."""
     talker, pad = ref
     d = talker.config.hidden_size
     with _eos_row_engine(
-        tiny_checkpoint, talker, loop, max_num_seqs=4, batch_buckets=(1, 2, 4), overlap_steps=overlap
+        tiny_checkpoint,
+        talker,
+        loop,
+        max_num_seqs=4,
+        batch_buckets=(1, 2, 4),
+        overlap_steps=unread > 0,
+        deep_overlap_rows=1 if unread == 2 else 0,
     ) as (
         eng,
         set_row,
@@ -376,7 +384,7 @@ def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, overlap
             np.testing.assert_array_equal(got, want, err_msg=f"request {i}")
         ends = [len(w) for w in wants]
         assert any(0 < n < s[2] for n, s in zip(ends, specs))  # EOS stopped some request mid-stream
-        assert max(in_flight) == (1 if overlap else 0)  # launched behind an unread step, or never
+        assert max(in_flight) == unread  # launched behind that many unread steps
         for _ in range(500):  # the loop reads the step launched behind the last EOS, then idles
             if not eng._inflight:
                 break

@@ -34,6 +34,7 @@ MODEL_FIELDS = {
         "native_kernels": "native_kernels",
         "native_overlap": "native_overlap",
         "native_loop_thread": "native_loop_thread",
+        "native_deep_overlap_rows": "native_deep_overlap_rows",
         "native_prefill_kernel_rows": "native_prefill_kernel_rows",
         "prompt_device": "prompt_device",
     },

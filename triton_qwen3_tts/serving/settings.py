@@ -213,6 +213,18 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_deep_overlap_rows",
+        0,
+        "native engine with native_overlap: from this many active rows the loop keeps two decode "
+        "steps launched and unread on the GPU instead of one, so that an iteration whose host work "
+        "outlasts a step (an admission, a codec call's launch) does not leave the GPU idle; a frame "
+        "then reaches its stream one step later, and a first chunk does not take its last frame on "
+        "the device (fused_first_on_device). 0: always one",
+        lo=0,
+        hi=65536,
+        group="talker",
+    ),
+    Setting(
         "native_loop_thread",
         True,
         "native engine: run the scheduler loop on a thread of its own, handing each iteration's "

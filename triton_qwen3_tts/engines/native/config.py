@@ -87,6 +87,12 @@ class NativeEngineConfig:
       (frames to the streams, releases, admissions) runs while the GPU computes the next one. A row
       whose EOS is read only then has run one extra step, whose frame is dropped. False reads each
       step before the next (for A/B timing).
+    * ``deep_overlap_rows``: with ``overlap_steps``, from this many active rows the loop keeps two
+      launched steps unread, not one: it reads step ``k - 2`` after launching step ``k``, so the
+      GPU has two steps queued while the host works, and an iteration whose host work outlasts one
+      step (an admission, a co-worker's launch) does not leave it idle. Each frame is read one step
+      later, a row whose EOS is read then has run two extra steps, and ``unread_rows`` (exactly
+      one unread step) is empty while two are. 0: always one.
     * ``loop_thread``: the scheduler loop runs on a thread of its own and hands each iteration's
       frames to the event loop without waiting for it, so the event loop's work runs while the
       loop waits for the GPU (engine module docstring); False: an asyncio task runs each
@@ -116,6 +122,7 @@ class NativeEngineConfig:
     prefill_max_tokens: int = 4096
     prefill_graphs: Optional[bool] = None
     overlap_steps: bool = True
+    deep_overlap_rows: int = 0
     loop_thread: bool = True
 
     def __post_init__(self):
@@ -128,6 +135,9 @@ class NativeEngineConfig:
         v = self.prefill_kernel_rows
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             bad("prefill_kernel_rows", f"must be an int >= 0, got {v!r}")
+        v = self.deep_overlap_rows
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            bad("deep_overlap_rows", f"must be an int >= 0, got {v!r}")
         v = self.split_k
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 16:
             bad("split_k", f"must be an int in [0, 16], got {v!r}")

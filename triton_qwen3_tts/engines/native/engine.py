@@ -71,7 +71,8 @@ each iteration's events to the event loop (``call_soon_threadsafe``), which puts
 streams' queues while the thread is already on its next iteration. The event loop's work (the
 hand-over, the streams' consumers, new requests) then runs while the thread waits for the GPU,
 instead of between two iterations: with the overlap the GPU has one step queued, and every
-millisecond of host work beyond that step's time leaves it idle. Without ``loop_thread`` an
+millisecond of host work beyond that step's time leaves it idle; from ``deep_overlap_rows``
+active rows it has two. Without ``loop_thread`` an
 asyncio task runs each iteration in the default executor and does the hand-over itself between
 iterations. Either way one iteration runs at a time. The loop thread lowers the interpreter's
 GIL switch interval to ``SWITCH_INTERVAL_S`` (process-wide), so that it does not wait 5 ms for the
@@ -226,8 +227,8 @@ class NativeEngine:
         self.step_hist: Dict[Tuple[int, int], int] = {}
         self.prefill_hist: Dict[Tuple[int, int, bool], int] = {}  # (P, L, graph) -> calls
         self.pf_graphs = False  # prefill graphs captured (keys ("prefill", P, L) in graphs)
-        self._inflight: deque = deque()  # _Launched steps, oldest first (at most two)
-        self._host_out: List[torch.Tensor] = []  # two host buffers for out, used in turn
+        self._inflight: deque = deque()  # _Launched steps, oldest first (at most three)
+        self._host_out: List[torch.Tensor] = []  # three host buffers for out, used in turn
         self.cowork = None  # optional: other work in this loop (module docstring)
         # device time per kind of launch (steps per batch bucket, prefills; the co-worker adds
         # its own): CUDA timing events on a GPU, the host clock on the CPU, from the load on
@@ -277,7 +278,7 @@ class NativeEngine:
         pin = self.model.out.is_cuda
         self.gpu_time = GpuTimer(True, event=None if pin else HostEvent)
         self._host_out = [
-            torch.empty(self.model.out.shape, dtype=self.model.out.dtype, pin_memory=pin) for _ in range(2)
+            torch.empty(self.model.out.shape, dtype=self.model.out.dtype, pin_memory=pin) for _ in range(3)
         ]
         if c.use_graphs:
             self.graphs = _Graphs(self.model)
@@ -623,7 +624,9 @@ class NativeEngine:
             self.graphs.replay((B, C, tp))
         else:
             self.model.step(B, C, tp)
-        host = self._host_out[self.steps % 2][:n]  # the step before the last is read by now
+        # at most two launched steps are unread here (deep_overlap_rows): their buffers are the
+        # two other ones
+        host = self._host_out[self.steps % 3][:n]
         host.copy_(self.model.out[:n], non_blocking=host.is_pinned())
         ready = self.gpu_time.stop(f"step_b{B}", t0)  # the frames' copy is done
         self.steps += 1
@@ -654,7 +657,7 @@ class NativeEngine:
     def _work(self, admits: List[_Req]) -> List[Tuple[_Req, Optional[np.ndarray], bool]]:
         """Scheduler body, run off the event loop: releases, admissions, a co-worker call or the
         launch of one decode step, then the frames of the steps read back (with
-        ``overlap_steps``, all but the one just launched). Returns ``(request, frames [1, 16] or
+        ``overlap_steps``, all but the last one launched, or two: ``_unread_kept``). Returns ``(request, frames [1, 16] or
         None, finished)`` events for the loop to dispatch."""
         events = []
         lap = self.loop_time.lap
@@ -703,11 +706,19 @@ class NativeEngine:
         if finish is not None:
             finish()
             lap("cowork_finish")
-        events.extend(self._read_launched(1 if launched and self.config.overlap_steps else 0))
+        events.extend(self._read_launched(self._unread_kept() if launched else 0))
         lap("read")
         self._tell(events[told:])
         lap("tell")
         return events
+
+    def _unread_kept(self) -> int:
+        """Launched steps left unread after an iteration that launched one: none without
+        ``overlap_steps``, two from ``deep_overlap_rows`` active rows, else one."""
+        c = self.config
+        if not c.overlap_steps:
+            return 0
+        return 2 if c.deep_overlap_rows and len(self._active) >= c.deep_overlap_rows else 1
 
     def _read_launched(self, keep: int) -> List[Tuple[_Req, Optional[np.ndarray], bool]]:
         """Read the launched steps, oldest first, until ``keep`` remain; release the slots of
