@@ -35,7 +35,9 @@
 # benchmarks; GATE="FILE ..." makes it wait for every FILE before its benchmarks (at most GATE_S
 # seconds, default 400). Server A: GATE=B's READY_FILE, so that B's start (graph captures,
 # compiles) does not run beside A's measurement (run 42b: a 64-row step 13 % slower while the
-# other server loaded); server B: GATE=A's DONE.
+# other server loaded); server B: GATE=A's DONE. HOLD=FILE keeps the server up after this
+# script's own benchmarks until FILE exists (at most HOLD_S seconds, default 1200), for a caller
+# that measures it (scripts/gpu_ab_bench.sh: LEVELS="" and HOLD).
 # The server is stopped with `pkill -f '^tritonserver --model-repository=$REPO '` (its command
 # line starts with the binary): an unanchored pattern would also match any shell whose command
 # text names the binary, such as the device call's own.
@@ -136,6 +138,9 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
     else
       echo "gateway stage skipped: fastapi, uvicorn or python-multipart missing (carry their wheels in .whl/gateway)" >&2
     fi
+  fi
+  if [ -n "${HOLD:-}" ]; then  # another script measures this server: stop once it says so
+    for _ in $(seq 1 "${HOLD_S:-1200}"); do [ -e "$HOLD" ] && break; sleep 1; done
   fi
   curl -s localhost:$METRICS/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_$TAG.txt"
   [ -n "${DONE:-}" ] && touch "$DONE"

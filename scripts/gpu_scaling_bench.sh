@@ -82,7 +82,7 @@ start b 19000 /tmp/repo_b
 # ok_X: 0 loading, 1 ready, 2 gone (a server whose process is gone will not become ready); wait
 # until neither is loading, so that one server's failure does not cut the other's start short
 ok_a=0; ok_b=0
-for i in $(seq 1 "${READY_S:-300}"); do
+for _ in $(seq 1 "${READY_S:-300}"); do
   if [ $ok_a = 0 ] && ready 18000; then ok_a=1; echo "A ready after $(($(date +%s) - t0)) s"; fi
   if [ $ok_b = 0 ] && ready 19000; then ok_b=1; echo "B ready after $(($(date +%s) - t0)) s"; fi
   if [ $ok_a = 0 ] && ! pgrep -f "model-repository=/tmp/repo_a" > /dev/null; then ok_a=2; fi

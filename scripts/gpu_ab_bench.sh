@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# A/B of two server configurations on the GPU machine (device tool) in one call, balanced for
+# the order of measurement: both servers load side by side (scripts/gpu_e2e_bench.sh with PORT,
+# REPO, READY_FILE and HOLD; one load time for two configurations), then one closed-loop level
+# runs on A, B, B, A, one server at a time, each configuration measured once first and once
+# second (run 42: of two servers measured in turn, the first read lower, 596-598 against
+# 608-609 audio-s/s at 64 streams, with its 64-row step about 1 % slower). The server logs'
+# stats lines give the GPU's busy share and gaps per window (scripts/gpu_busy.py).
+#   env: A_ARGS, B_ARGS (build_model_repository.py flags of each, added to run 39c's
+#        configuration in BASE_ARGS), LEVEL (default 64), FRAMES (default 200), SERVICE_ARGS
+#        (default "--duration 30 --warmup 1"), ORDER (default "A B B A"), READY_S (default 420)
+# Results under $OUT: ab.txt (one table line per measurement, in order), ab_<i>_<A|B>.json/.csv,
+# metrics_ab_<i>_<A|B>.txt (the servers' counters after each), server_<A|B>.log, gpu_busy_<A|B>.txt.
+# Carry .gpu-bundle and .whl, as for gpu_e2e_bench.sh.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-out}; mkdir -p "$OUT"
+BASE_ARGS=${BASE_ARGS:-"--native-batch-buckets 1,8,32,64,128 --max-num-seqs 128 --max-in-flight 128 --max-queued 128 --pipeline fused --first-chunk-frames 2 --chunk-ramp 2,4,8,16 --chunk-frames 16 --codec-max-batch-size 32 --native-compile true --native-kernels auto --codec-compile true"}
+LEVEL=${LEVEL:-64}
+FRAMES=${FRAMES:-200}
+ORDER=${ORDER:-"A B B A"}
+READY_S=${READY_S:-420}
+source scripts/gpu_env.sh
+end=/tmp/ab_end; rm -f "$end" /tmp/ab_A.ready /tmp/ab_B.ready
+port() { if [ "$1" = A ]; then echo 18000; else echo 18100; fi; }
+for s in A B; do
+  if [ "$s" = A ]; then extra=${A_ARGS:-}; else extra=${B_ARGS:-}; fi
+  (TAG=$s PORT=$(port $s) REPO=/tmp/repo_$s READY_FILE=/tmp/ab_$s.ready HOLD=$end LEVELS="" RATES="" \
+    STAGES=service READY_S=$READY_S REPO_ARGS="$BASE_ARGS $extra" bash scripts/gpu_e2e_bench.sh \
+    > "$OUT/console_$s.txt" 2>&1; echo "server $s script exit $? $(date +%T)" >> "$OUT/ab.txt") &
+  sleep 10  # the two repository builds and first imports apart
+done
+for _ in $(seq 1 "$READY_S"); do [ -e /tmp/ab_A.ready ] && [ -e /tmp/ab_B.ready ] && break; sleep 1; done
+up=""
+for s in A B; do
+  if curl -sf "localhost:$(port $s)/v2/health/ready" > /dev/null; then up="$up $s"; else echo "server $s not up: not measured" >> "$OUT/ab.txt"; fi
+done
+echo "both loaded $(date +%T); servers up:$up; A: ${A_ARGS:-(base)}; B: ${B_ARGS:-(base)}" >> "$OUT/ab.txt"
+i=0
+for s in $ORDER; do
+  i=$((i + 1))
+  [[ " $up " == *" $s "* ]] || continue
+  p=$(port $s)
+  # shellcheck disable=SC2086
+  line=$(timeout 300 python benchmark/benchmark_service.py --url 127.0.0.1:$((p + 1)) --concurrency "$LEVEL" \
+    --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 30 --warmup 1} --out-json "$OUT/ab_${i}_$s.json" \
+    --out-csv "$OUT/ab_${i}_$s.csv" --no-progress 2>&1 | grep -E "^ +$LEVEL " | tail -1)
+  echo "$i $s $(date +%T) $line" >> "$OUT/ab.txt"
+  curl -s "localhost:$((p + 2))/metrics" | grep -E "^qwen3_tts" > "$OUT/metrics_ab_${i}_$s.txt"
+done
+touch "$end"
+wait
+for s in A B; do python scripts/gpu_busy.py "$OUT/server_$s.log" > "$OUT/gpu_busy_$s.txt" 2>&1; done
+cat "$OUT/ab.txt"
