@@ -4,13 +4,16 @@
 # REPO, READY_FILE and HOLD; one load time for two configurations), then one closed-loop level
 # runs on A, B, B, A, one server at a time, each configuration measured once first and once
 # second (run 42: of two servers measured in turn, the first read lower, 596-598 against
-# 608-609 audio-s/s at 64 streams, with its 64-row step about 1 % slower). The server logs'
-# stats lines give the GPU's busy share and gaps per window (scripts/gpu_busy.py).
+# 608-609 audio-s/s at 64 streams, with its 64-row step about 1 % slower). Each level's GPU time
+# by group, its gaps under 50 ms by transition and its busy share of the working time come from
+# the servers' counters scraped before and after it (scripts/metrics_split.py --pairs, in
+# ab_device.txt); the logs' stats lines, every 30 s, from scripts/gpu_busy.py.
 #   env: A_ARGS, B_ARGS (build_model_repository.py flags of each, added to run 39c's
 #        configuration in BASE_ARGS), LEVEL (default 64), FRAMES (default 200), SERVICE_ARGS
 #        (default "--duration 30 --warmup 1"), ORDER (default "A B B A"), READY_S (default 420)
 # Results under $OUT: ab.txt (one table line per measurement, in order), ab_<i>_<A|B>.json/.csv,
-# metrics_ab_<i>_<A|B>.txt (the servers' counters after each), server_<A|B>.log, gpu_busy_<A|B>.txt.
+# metrics_ab_<i>_<A|B>_{before,after}.txt (the server's counters around each), ab_device.txt,
+# server_<A|B>.log, gpu_busy_<A|B>.txt.
 # Carry .gpu-bundle and .whl, as for gpu_e2e_bench.sh.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -41,14 +44,18 @@ for s in $ORDER; do
   i=$((i + 1))
   [[ " $up " == *" $s "* ]] || continue
   p=$(port $s)
+  curl -s "localhost:$((p + 2))/metrics" | grep -E "^qwen3_tts" > "$OUT/metrics_ab_${i}_${s}_before.txt"
   # shellcheck disable=SC2086
   line=$(timeout 300 python benchmark/benchmark_service.py --url 127.0.0.1:$((p + 1)) --concurrency "$LEVEL" \
     --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 30 --warmup 1} --out-json "$OUT/ab_${i}_$s.json" \
     --out-csv "$OUT/ab_${i}_$s.csv" --no-progress 2>&1 | grep -E "^ +$LEVEL " | tail -1)
   echo "$i $s $(date +%T) $line" >> "$OUT/ab.txt"
-  curl -s "localhost:$((p + 2))/metrics" | grep -E "^qwen3_tts" > "$OUT/metrics_ab_${i}_$s.txt"
+  sleep 2  # the tts exports its counters once a second
+  curl -s "localhost:$((p + 2))/metrics" | grep -E "^qwen3_tts" > "$OUT/metrics_ab_${i}_${s}_after.txt"
+  { echo "$i $s"; python scripts/metrics_split.py --pairs "$OUT/metrics_ab_${i}_${s}_before.txt" \
+    "$OUT/metrics_ab_${i}_${s}_after.txt" 2>&1 | grep "GPU:"; } >> "$OUT/ab_device.txt"
 done
 touch "$end"
 wait
 for s in A B; do python scripts/gpu_busy.py "$OUT/server_$s.log" > "$OUT/gpu_busy_$s.txt" 2>&1; done
-cat "$OUT/ab.txt"
+cat "$OUT/ab.txt" "$OUT/ab_device.txt"

@@ -65,3 +65,50 @@ def test_cli(tmp_path):
         [sys.executable, os.path.join(ROOT, "scripts", "metrics_split.py"), str(empty)], capture_output=True, text=True
     )
     assert r.returncode == 2 and "no Prometheus samples" in r.stderr
+
+
+def fused(step_s, codec_s, prefill_s, gaps):
+    lab = 'gpu="0",model="tts"'
+    lines = [
+        f'qwen3_tts_fused_device_seconds_total{{{lab},kind="step_b64"}} {step_s * 0.9}',
+        f'qwen3_tts_fused_device_seconds_total{{{lab},kind="step_b8"}} {step_s * 0.1}',
+        f'qwen3_tts_fused_device_seconds_total{{{lab},kind="codec_done"}} {codec_s}',
+        f'qwen3_tts_fused_device_seconds_total{{{lab},kind="prefill"}} {prefill_s}',
+    ]
+    lines += [f'qwen3_tts_fused_device_gap_seconds_total{{{lab},transition="{t}"}} {v}' for t, v in gaps.items()]
+    return "\n".join(lines)
+
+
+def test_device_figures_split_the_window_and_leave_idle_out():
+    a = metrics_split.parse(fused(10.0, 3.0, 1.0, {"step>prefill": 0.1, "idle": 50.0}))
+    b = metrics_split.parse(fused(14.0, 5.0, 1.5, {"step>prefill": 0.3, "codec>codec": 0.1, "idle": 51.0}))
+    f = metrics_split.device_figures(b, a)
+    assert f["device.step_s"] == pytest.approx(4.0) and f["device.codec_s"] == pytest.approx(2.0)
+    assert f["device.prefill_s"] == pytest.approx(0.5)
+    assert f["gap.step>prefill_s"] == pytest.approx(0.2) and f["gap.idle_s"] == pytest.approx(1.0)
+    # 6.5 s of work and 0.3 s of gaps under 50 ms; the idle second does not count
+    assert f["busy_working"] == pytest.approx(6.5 / 6.8)
+    assert metrics_split.device_figures(metrics_split.parse(snapshot(0.4, 10, 0.25, 1, 1, 1, 1)), {}) == {}
+
+
+def test_cli_pairs(tmp_path):
+    paths = []
+    for i, text in enumerate(
+        [
+            fused(10.0, 3.0, 1.0, {"step>prefill": 0.1}),
+            fused(14.0, 5.0, 1.5, {"step>prefill": 0.3}),
+            fused(20.0, 6.0, 2.0, {"step>prefill": 0.3}),
+            fused(21.0, 6.5, 2.5, {"step>prefill": 0.4}),
+        ]
+    ):
+        paths.append(tmp_path / f"m{i}.txt")
+        paths[-1].write_text(text)
+    script = os.path.join(ROOT, "scripts", "metrics_split.py")
+    r = subprocess.run([sys.executable, script, "--pairs", *map(str, paths)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    # two windows: (m0, m1) and (m2, m3), not m2 against m1
+    assert "GPU: 6.50 s (codec 2.00, prefill 0.50, step 4.00)" in r.stdout
+    assert "GPU: 2.00 s (codec 0.50, prefill 0.50, step 1.00); gaps under 50 ms 0.100 s" in r.stdout
+    assert "GPU: 8.00 s" not in r.stdout
+    r = subprocess.run([sys.executable, script, "--pairs", *map(str, paths[:3])], capture_output=True, text=True)
+    assert r.returncode == 2 and "even number" in r.stderr

@@ -77,6 +77,11 @@ def test_concurrent_greedy_streams_equal_whole_decode(server, tiny_checkpoint):
         time.sleep(0.2)
     assert launches("prefill") >= 1 and launches("codec_first") >= 1
     assert metric(server, "qwen3_tts_fused_device_seconds_total", 'kind="step_b[0-9]+"') > 0
+    # and the gaps between them, by transition (a request's steps follow each other)
+    gaps = lambda t: metric(server, "qwen3_tts_fused_device_gaps_total", f'transition="{t}"')  # noqa: E731
+    while gaps("step>step") < 1:
+        assert time.time() < deadline, "the gaps between steps are missing from the gap counters"
+        time.sleep(0.2)
 
 
 def test_cancel_ends_the_stream_and_the_server_serves_on(server):

@@ -320,7 +320,10 @@ class _FusedMetrics:
     ``observe()`` is an IPC to the stub's parent, and on the event loop they would delay the
     engine (hundreds per second under load). The scheduler's counters go to the log twice a
     minute. The engine's device time per kind of launch (its ``gpu_ms``) becomes two counters
-    labelled by ``kind``, created as kinds appear."""
+    labelled by ``kind``, and the GPU's gaps between its launches (its ``gpu_gap_ms``) two
+    labelled by ``transition``, created as they appear: their differences between two scrapes
+    split the device's time over any window, such as one benchmark level
+    (``scripts/metrics_split.py --pairs``)."""
 
     def __init__(self, lanes):
         from triton_qwen3_tts.serving.talker.fused import (
@@ -378,11 +381,18 @@ class _FusedMetrics:
                 "codec_<reason>), from timing events around each launch",
             ),
             "device_n": ("qwen3_tts_fused_device_launches_total", "The GPU's engine launches by kind"),
+            "gap_s": (
+                "qwen3_tts_fused_device_gap_seconds_total",
+                "The GPU's time between two of the engine's launches by transition (<group before>><group "
+                "after>, groups step, codec, prefill; idle: gaps of 50 ms or more, no work queued)",
+            ),
+            "gap_n": ("qwen3_tts_fused_device_gaps_total", "Gaps between the GPU's engine launches by transition"),
         }
         for key, (name, desc) in device.items():
             self.families[key] = M(name=name, description=desc, kind=M.COUNTER)
         self.seen = {}  # (gpu, key) -> value exported so far
         self.device_seen = {gpu: {} for gpu in range(len(self.lanes))}  # kind -> (ms, calls) exported
+        self.gap_seen = {gpu: {} for gpu in range(len(self.lanes))}  # transition -> (ms, gaps) exported
         for gpu, lane in enumerate(self.lanes):
             labels = {"model": "tts", "gpu": str(gpu)}
             for key, (_, _, buckets) in hists.items():
@@ -396,6 +406,7 @@ class _FusedMetrics:
             for key, value in snap["counts"].items():  # the warm-up's: not exported
                 self.seen[gpu, key] = value
             self._device_time(snap["stats"].get("gpu_ms", {}), self.device_seen[gpu])
+            self._device_time(snap["stats"].get("gpu_gap_ms", {}), self.gap_seen[gpu])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tts-fused-metrics", daemon=True)
         self._thread.start()
@@ -422,14 +433,19 @@ class _FusedMetrics:
                 if value > self.seen[gpu, key]:
                     self.metrics[gpu, key].increment(value - self.seen[gpu, key])
                     self.seen[gpu, key] = value
-            for kind, seconds, launches in self._device_time(snap["stats"].get("gpu_ms", {}), self.device_seen[gpu]):
-                for fam, value in (("device_s", seconds), ("device_n", launches)):
-                    m = self.metrics.get((gpu, fam, kind))
-                    if m is None:
-                        labels = {"model": "tts", "gpu": str(gpu), "kind": kind}
-                        m = self.metrics[gpu, fam, kind] = self.families[fam].Metric(labels=labels)
-                    if value > 0:
-                        m.increment(value)
+            stats = snap["stats"]
+            for src, seen, (fs, fn), label in (
+                ("gpu_ms", self.device_seen[gpu], ("device_s", "device_n"), "kind"),
+                ("gpu_gap_ms", self.gap_seen[gpu], ("gap_s", "gap_n"), "transition"),
+            ):
+                for key, seconds, calls in self._device_time(stats.get(src, {}), seen):
+                    for fam, value in ((fs, seconds), (fn, calls)):
+                        m = self.metrics.get((gpu, fam, key))
+                        if m is None:
+                            labels = {"model": "tts", "gpu": str(gpu), label: key}
+                            m = self.metrics[gpu, fam, key] = self.families[fam].Metric(labels=labels)
+                        if value > 0:
+                            m.increment(value)
         return snaps
 
     def stop(self):
