@@ -669,6 +669,9 @@ def test_stats_time_each_kind_of_launch(engine, ref, loop):
     for phase in ("between", "release", "admit", "read_first_tell", "cowork_launch", "step_launch", "read", "tell"):
         assert loop_ms[phase]["calls"] >= steps and loop_ms[phase]["ms"] >= 0, phase
     assert loop_ms["wait_step"]["calls"] >= 3
+    # the admission in parts: the slots' rows, the group's prompts, the prefill's launch
+    for part in ("admit_rows", "admit_prompts", "admit_prefill"):
+        assert loop_ms[part]["calls"] >= 1 and loop_ms[part]["ms"] >= 0, part
 
 
 def test_slot_reset_and_move_touch_every_table_and_only_their_rows(engine):

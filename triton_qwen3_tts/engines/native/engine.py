@@ -470,7 +470,9 @@ class NativeEngine:
         in the prefill's sampling for ``min_new_tokens >= 1`` or ``suppress_eos``, the default
         requests' case), so the GPU's prefill overlaps the loop's next host work."""
         m = self.model
+        lap = self.loop_time.lap
         a, P = len(self._active), len(rs)
+        pin = m.pos.is_cuda  # host tensors for the GPU are made pinned, not copied there after
         m.reset_rows(a, a + P)
         cols: Dict[torch.Tensor, list] = {
             t: []
@@ -520,10 +522,14 @@ class NativeEngine:
             r.slot, r.pos = a + i, L
             self._active.append(r)
         for t, v in cols.items():  # one copy per table
-            _h2d(t[a : a + P], torch.tensor(v, dtype=t.dtype))
+            _h2d(t[a : a + P], torch.tensor(v, dtype=t.dtype, pin_memory=pin))
+        # the admission's host time in parts (stats()["loop_ms"]): the slots' rows here, each
+        # group's prompts and its prefill's launch in _prefill, the rest (the end-of-speech
+        # read) in _work's "admit"
+        lap("admit_rows")
         i = 0
         for group in self._prefill_groups(rs):
-            self._prefill(a + i, group)
+            self._prefill(a + i, group, pin)
             i += len(group)
         if all(_eos_masked_at_prefill(r.req) for r in rs):
             return [False] * P
@@ -576,22 +582,25 @@ class NativeEngine:
             groups.append(cur)
         return groups
 
-    def _prefill(self, s0: int, group: List[_Req]) -> None:
+    def _prefill(self, s0: int, group: List[_Req], pin: bool = False) -> None:
         """One batched prefill of ``group`` into slots ``s0, s0 + 1, ...``: a graph replay of its
-        (P, L) bucket, or eager at the exact padded size."""
+        (P, L) bucket, or eager at the exact padded size. ``pin``: the host tensors are made in
+        pinned memory (a GPU's copies then need no staging copy)."""
         m = self.model
+        lap = self.loop_time.lap
         P = len(group)
         Lmax = max(int(r.prompt.shape[0]) for r in group)
         key = self._pf_key(P, Lmax)
         Pb, Lb = (key[1], key[2]) if key is not None else (P, Lmax)
-        x = torch.zeros(Pb, Lb, m.D, dtype=m.dtype)
+        x = torch.zeros(Pb, Lb, m.D, dtype=m.dtype, pin_memory=pin)
         for i, r in enumerate(group):
             x[i, : r.prompt.shape[0]] = r.prompt.to(m.dtype)
         _h2d(m.pf_x[: Pb * Lb * m.D], x.view(-1))
         slots = [s0 + i for i in range(P)] + [m.SCR] * (Pb - P)
         last = [int(r.prompt.shape[0]) - 1 for r in group] + [0] * (Pb - P)
-        _h2d(m.pf_slots[:Pb], torch.tensor(slots, dtype=torch.int64))
-        _h2d(m.pf_last[:Pb], torch.tensor(last, dtype=torch.int64))
+        _h2d(m.pf_slots[:Pb], torch.tensor(slots, dtype=torch.int64, pin_memory=pin))
+        _h2d(m.pf_last[:Pb], torch.tensor(last, dtype=torch.int64, pin_memory=pin))
+        lap("admit_prompts")
         t0 = self.gpu_time.start()
         if key is not None:
             self.graphs.replay(key)
@@ -600,6 +609,7 @@ class NativeEngine:
         self.gpu_time.stop("prefill", t0)
         k = (Pb, Lb, key is not None)
         self.prefill_hist[k] = self.prefill_hist.get(k, 0) + 1
+        lap("admit_prefill")
 
     def _bucket(self, sizes, n):
         for b in sizes:
