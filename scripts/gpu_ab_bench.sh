@@ -10,7 +10,10 @@
 # ab_device.txt); the logs' stats lines, every 30 s, from scripts/gpu_busy.py.
 #   env: A_ARGS, B_ARGS (build_model_repository.py flags of each, added to run 39c's
 #        configuration in BASE_ARGS), LEVEL (default 64), FRAMES (default 200), SERVICE_ARGS
-#        (default "--duration 30 --warmup 1"), ORDER (default "A B B A"), READY_S (default 420)
+#        (default "--duration 30 --warmup 1"), ORDER (default "A B B A"), READY_S (default 360:
+#        each server's wait for readiness), DEADLINE_S (default 570: from this script's start, a
+#        level that could not end by then is not started, so that a device call of 600 s keeps
+#        what was measured)
 # Results under $OUT: ab.txt (one table line per measurement, in order), ab_<i>_<A|B>.json/.csv,
 # metrics_ab_<i>_<A|B>_{before,after}.txt (the server's counters around each), ab_device.txt,
 # server_<A|B>.log, gpu_busy_<A|B>.txt.
@@ -22,7 +25,8 @@ BASE_ARGS=${BASE_ARGS:-"--native-batch-buckets 1,8,32,64,128 --max-num-seqs 128 
 LEVEL=${LEVEL:-64}
 FRAMES=${FRAMES:-200}
 ORDER=${ORDER:-"A B B A"}
-READY_S=${READY_S:-420}
+READY_S=${READY_S:-360}
+DEADLINE_S=${DEADLINE_S:-570}
 source scripts/gpu_env.sh
 end=/tmp/ab_end; rm -f "$end" /tmp/ab_A.ready /tmp/ab_B.ready
 port() { if [ "$1" = A ]; then echo 18000; else echo 18100; fi; }
@@ -33,7 +37,8 @@ for s in A B; do
     > "$OUT/console_$s.txt" 2>&1; echo "server $s script exit $? $(date +%T)" >> "$OUT/ab.txt") &
   sleep 10  # the two repository builds and first imports apart
 done
-for _ in $(seq 1 "$READY_S"); do [ -e /tmp/ab_A.ready ] && [ -e /tmp/ab_B.ready ] && break; sleep 1; done
+# each server's script touches its READY_FILE once ready, or when it exits without a server
+for _ in $(seq 1 $((READY_S + 120))); do [ -e /tmp/ab_A.ready ] && [ -e /tmp/ab_B.ready ] && break; sleep 1; done
 up=""
 for s in A B; do
   if curl -sf "localhost:$(port $s)/v2/health/ready" > /dev/null; then up="$up $s"; else echo "server $s not up: not measured" >> "$OUT/ab.txt"; fi
@@ -44,9 +49,11 @@ for s in $ORDER; do
   i=$((i + 1))
   [[ " $up " == *" $s "* ]] || continue
   p=$(port $s)
+  left=$((DEADLINE_S - SECONDS))
+  if [ "$left" -lt 80 ]; then echo "$i $s not measured: ${left}s left before DEADLINE_S" >> "$OUT/ab.txt"; continue; fi
   curl -s "localhost:$((p + 2))/metrics" | grep -E "^qwen3_tts" > "$OUT/metrics_ab_${i}_${s}_before.txt"
   # shellcheck disable=SC2086
-  line=$(timeout 300 python benchmark/benchmark_service.py --url 127.0.0.1:$((p + 1)) --concurrency "$LEVEL" \
+  line=$(timeout $((left - 20 < 300 ? left - 20 : 300)) python benchmark/benchmark_service.py --url 127.0.0.1:$((p + 1)) --concurrency "$LEVEL" \
     --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 30 --warmup 1} --out-json "$OUT/ab_${i}_$s.json" \
     --out-csv "$OUT/ab_${i}_$s.csv" --no-progress 2>&1 | grep -E "^ +$LEVEL " | tail -1)
   echo "$i $s $(date +%T) $line" >> "$OUT/ab.txt"

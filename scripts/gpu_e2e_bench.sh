@@ -31,8 +31,8 @@
 # scripts/gpu_env.sh.
 # PORT (default 18000: HTTP; gRPC PORT+1, metrics PORT+2) and REPO (default /tmp/repo) let two
 # servers run side by side (an A/B on one machine: both start at once, which costs less device
-# time than two starts in turn). READY_FILE is touched once this server is ready, DONE after its
-# benchmarks; GATE="FILE ..." makes it wait for every FILE before its benchmarks (at most GATE_S
+# time than two starts in turn). READY_FILE is touched once this server is ready, DONE once it
+# is stopped after its benchmarks (both also when this script exits early: a waiting peer goes on); GATE="FILE ..." makes it wait for every FILE before its benchmarks (at most GATE_S
 # seconds, default 400). Server A: GATE=B's READY_FILE, so that B's start (graph captures,
 # compiles) does not run beside A's measurement (run 42b: a 64-row step 13 % slower while the
 # other server loaded); server B: GATE=A's DONE. HOLD=FILE keeps the server up after this
@@ -50,6 +50,9 @@ TAG=${TAG:-run}
 PORT=${PORT:-18000}; GRPC=$((PORT + 1)); METRICS=$((PORT + 2))
 REPO=${REPO:-/tmp/repo}
 SERVER="^tritonserver --model-repository=$REPO "  # pkill pattern: this call's server only
+# whatever ends this script (a failed start, gpu_env.sh's exit), a peer waiting on its files goes on
+release_peers() { local f; for f in ${READY_FILE:-} ${DONE:-}; do touch "$f"; done; }
+trap release_peers EXIT
 # ckpt is always written (gpu_env.sh) when missing; the stage name stays for old command lines
 source scripts/gpu_env.sh
 if [[ " $STAGES " == *" graphs "* ]]; then
@@ -79,7 +82,7 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
   for i in $(seq 1 "${READY_S:-300}"); do curl -sf localhost:$PORT/v2/health/ready > /dev/null && break; sleep 1
     kill -0 "$srv" 2> /dev/null || { echo "server exited after ${i}s" >&2; break; }; done
   { kill -0 "$srv" 2> /dev/null && curl -sf localhost:$PORT/v2/health/ready > /dev/null; } || { echo "server not ready after ${i}s" >&2;
-    grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f "$SERVER"; for f in ${DONE:-} ${READY_FILE:-}; do touch "$f"; done; exit 1; }
+    grep -E "^E|Error" "$OUT/server_$TAG.log" | head -20 | cut -c1-600; pkill -KILL -f "$SERVER"; exit 1; }
   echo "server ready after ${i}s"
   [ -n "${READY_FILE:-}" ] && touch "$READY_FILE"
   for g in ${GATE:-}; do
@@ -143,8 +146,8 @@ if [[ $service = 1 || " $STAGES " == *" gateway "* ]]; then
     for _ in $(seq 1 "${HOLD_S:-1200}"); do [ -e "$HOLD" ] && break; sleep 1; done
   fi
   curl -s localhost:$METRICS/metrics | grep -E "^qwen3_tts|^nv_inference_(count|exec_count|request_success|compute_infer_duration_us|queue_duration_us)" > "$OUT/metrics_$TAG.txt"
-  [ -n "${DONE:-}" ] && touch "$DONE"
   pkill -TERM -f "$SERVER"; sleep 5; pkill -KILL -f "triton_python_backend_stub $REPO/"
+  [ -n "${DONE:-}" ] && touch "$DONE"  # stopped: a peer measures without it
   grep -E "^E|Traceback|Error" "$OUT/server_$TAG.log" | head -20
   if [ "${PROFILE:-0}" = 1 ]; then
     sleep 2; python scripts/profile_report.py "$QWEN3_TTS_PROFILE_DIR" --stacks 4 > "$OUT/profile_$TAG.txt" 2>&1

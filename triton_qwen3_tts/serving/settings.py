@@ -218,8 +218,8 @@ SETTINGS: Tuple[Setting, ...] = (
         "native engine with native_overlap: from this many active rows the loop keeps two decode "
         "steps launched and unread on the GPU instead of one, so that an iteration whose host work "
         "outlasts a step (an admission, a codec call's launch) does not leave the GPU idle; a frame "
-        "then reaches its stream one step later, and a first chunk does not take its last frame on "
-        "the device (fused_first_on_device). 0: always one",
+        "then reaches its stream one step later, and while two steps are unread a first chunk does "
+        "not take its last frame on the device (fused_first_on_device). 0: always one",
         lo=0,
         hi=65536,
         group="talker",

@@ -652,7 +652,7 @@ class NativeEngine:
         if st.ready is not None:
             self.loop_time.wait("wait_step", st.ready)
             self.gpu_time.collect()
-        out = st.host.numpy().copy()  # the buffer is reused two steps on
+        out = st.host.numpy().copy()  # the buffer is reused three steps on
         events = []
         for i, r in enumerate(st.rows):
             if r.stopped:
