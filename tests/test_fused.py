@@ -171,6 +171,19 @@ def test_fused_audio_equals_frames_decoded_whole_two_steps_unread(tiny_checkpoin
         p.shutdown()
 
 
+def test_fused_audio_equals_frames_decoded_whole_admitting_after_the_step(tiny_checkpoint, plain, decoder, loop):
+    """The engine admitting new requests after launching the running ones' step
+    (``admit_after_step``): the streams that wait for a slot join a step later, with the same
+    audio; the first chunks still take their last frame on the device."""
+    p = _pipe(tiny_checkpoint, loop, decoder, first_chunk_frames=2, engine_kw={"admit_after_step": True})
+    try:
+        lent = p.fused_stats.lent
+        _check_audio_equals_frames(p, plain, decoder, loop, first=2)
+        assert p.fused_stats.lent > lent
+    finally:
+        p.shutdown()
+
+
 def _check_audio_equals_frames(pipe, plain, decoder, loop, first=1):
     d = plain.hidden
     lengths = [3, 11, 17, 6, 9]  # more streams than talker slots: some wait for a slot

@@ -131,9 +131,18 @@ def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
         dict(compile=True, compile_backend="eager"),
         dict(overlap_steps=False),
         dict(deep_overlap_rows=2),
+        dict(admit_after_step=True),
         dict(loop_thread=False),
     ],
-    ids=["fast_math", "unfused", "compile_traced", "read_each_step", "two_unread_from_2_rows", "loop_in_executor"],
+    ids=[
+        "fast_math",
+        "unfused",
+        "compile_traced",
+        "read_each_step",
+        "two_unread_from_2_rows",
+        "admit_after_step",
+        "loop_in_executor",
+    ],
 )
 def test_greedy_matches_reference_engine_variants(tiny_checkpoint, ref, loop, kw):
     """The fast paths (SDPA with is_causal / an additive mask, one-kernel RMSNorm, stacked
@@ -336,8 +345,12 @@ def test_greedy_eos_and_min_new_tokens(tiny_checkpoint, ref, loop):
         assert any(n < 30 for n in outs)  # EOS actually stopped some request
 
 
-@pytest.mark.parametrize("unread", [1, 2, 0], ids=["overlap", "two_unread", "read_each_step"])
-def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, unread):
+@pytest.mark.parametrize(
+    "unread, late",
+    [(1, False), (2, False), (0, False), (1, True)],
+    ids=["overlap", "two_unread", "read_each_step", "admit_after_step"],
+)
+def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, unread, late):
     """Requests that stop by EOS at different frames while others decode on, join and wait for a
     slot. With ``overlap_steps`` a step is launched before the previous one is read (with
     ``deep_overlap_rows`` before the two previous ones), so a row whose EOS is read has already
@@ -353,15 +366,18 @@ def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, unread)
         batch_buckets=(1, 2, 4),
         overlap_steps=unread > 0,
         deep_overlap_rows=1 if unread == 2 else 0,
+        admit_after_step=late,
     ) as (
         eng,
         set_row,
     ):
         bias = torch.randn(d, generator=torch.Generator().manual_seed(3)) * 0.5
         set_row(lambda r: r + bias)
-        in_flight = []
-        launch = eng._launch_step
-        eng._launch_step = lambda: in_flight.append(len(eng._inflight)) or launch()
+        in_flight, log = [], []  # log: (loop iteration, "step" | rows active at an admission)
+        it = lambda: eng.loop_time.calls.get("release", 0)  # noqa: E731 -- one "release" lap an iteration
+        launch, admit = eng._launch_step, eng._admit_many
+        eng._launch_step = lambda: in_flight.append(len(eng._inflight)) or log.append((it(), "step")) or launch()
+        eng._admit_many = lambda rs: log.append((it(), len(eng._active))) or admit(rs)
         specs = [
             (6, 2, 30, 2, 0),
             (9, 0, 30, 0, 0),
@@ -385,6 +401,13 @@ def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, unread)
         ends = [len(w) for w in wants]
         assert any(0 < n < s[2] for n, s in zip(ends, specs))  # EOS stopped some request mid-stream
         assert max(in_flight) == unread  # launched behind that many unread steps
+        # beside running requests an admission comes after their step's launch in its iteration
+        # with admit_after_step, before it without
+        beside = [j for j, (_, e) in enumerate(log) if e != "step" and e > 0]
+        assert beside  # some requests were admitted while others decoded
+        for j in beside:
+            stepped = any(e == "step" and i == log[j][0] for i, e in log[:j])
+            assert stepped == (late and unread > 0), (j, log[max(0, j - 3) : j + 2])
         for _ in range(500):  # the loop reads the step launched behind the last EOS, then idles
             if not eng._inflight:
                 break

@@ -35,6 +35,7 @@ MODEL_FIELDS = {
         "native_overlap": "native_overlap",
         "native_loop_thread": "native_loop_thread",
         "native_deep_overlap_rows": "native_deep_overlap_rows",
+        "native_admit_after_step": "native_admit_after_step",
         "native_prefill_kernel_rows": "native_prefill_kernel_rows",
         "prompt_device": "prompt_device",
     },

@@ -175,6 +175,7 @@ class TalkerModelConfig:
     native_overlap: bool = default("native_overlap")
     native_loop_thread: bool = default("native_loop_thread")
     native_deep_overlap_rows: int = default("native_deep_overlap_rows")
+    native_admit_after_step: bool = default("native_admit_after_step")
     native_prefill_kernel_rows: int = default("native_prefill_kernel_rows")
     native_pdl: str = default("native_pdl")
     native_split_k: int = default("native_split_k")

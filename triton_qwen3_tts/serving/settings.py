@@ -225,6 +225,15 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_admit_after_step",
+        False,
+        "native engine with native_overlap: while requests decode, launch their decode step before "
+        "admitting new ones (slot rows, padded prompts, prefill), so the admission's host work runs "
+        "while the GPU has that step queued; the new requests join the next step, their first "
+        "frame one step later (false: admit first)",
+        group="talker",
+    ),
+    Setting(
         "native_loop_thread",
         True,
         "native engine: run the scheduler loop on a thread of its own, handing each iteration's "

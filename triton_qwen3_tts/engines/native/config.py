@@ -93,6 +93,11 @@ class NativeEngineConfig:
       step (an admission, a co-worker's launch) does not leave it idle. Each frame is read one step
       later, a row whose EOS is read then has run two extra steps, and ``unread_rows`` (exactly
       one unread step) is empty while two are. 0: always one.
+    * ``admit_after_step``: with ``overlap_steps``, while requests are decoding, the loop
+      launches their decode step before it admits new requests (their slot rows and prefill), so
+      the admission's host work runs while the GPU has that step queued instead of while it may
+      run dry; the new requests join the next step (their first frame one step later). An idle
+      engine admits first either way.
     * ``loop_thread``: the scheduler loop runs on a thread of its own and hands each iteration's
       frames to the event loop without waiting for it, so the event loop's work runs while the
       loop waits for the GPU (engine module docstring); False: an asyncio task runs each
@@ -123,6 +128,7 @@ class NativeEngineConfig:
     prefill_graphs: Optional[bool] = None
     overlap_steps: bool = True
     deep_overlap_rows: int = 0
+    admit_after_step: bool = False
     loop_thread: bool = True
 
     def __post_init__(self):
@@ -169,7 +175,15 @@ class NativeEngineConfig:
             bad("pdl", f"{self.pdl!r}; allowed: {', '.join(PDL_MODES)}")
         if self.prefill_graphs is not None and not isinstance(self.prefill_graphs, bool):
             bad("prefill_graphs", f"must be a bool or None, got {self.prefill_graphs!r}")
-        for f in ("fuse_weights", "skip_top_p", "compile", "batched_prefill", "overlap_steps", "loop_thread"):
+        for f in (
+            "fuse_weights",
+            "skip_top_p",
+            "compile",
+            "batched_prefill",
+            "overlap_steps",
+            "admit_after_step",
+            "loop_thread",
+        ):
             if not isinstance(getattr(self, f), bool):
                 bad(f, f"must be a bool, got {getattr(self, f)!r}")
         if self.fast_math is not None and not isinstance(self.fast_math, bool):

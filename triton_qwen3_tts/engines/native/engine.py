@@ -687,12 +687,12 @@ class NativeEngine:
                 events.append((r, None, True))
             else:
                 live.append(r)
-        if live:
-            for r, eos in zip(live, self._admit_many(live)):
-                if eos:  # the first c0 is EOS: no frames
-                    self._release(r)
-                    r.stopped = True
-                    events.append((r, None, True))
+        c = self.config
+        # admit_after_step: the running requests' step is launched first and the admission's
+        # host work runs while the GPU has it queued; the new requests join the next step
+        late = bool(live) and c.admit_after_step and c.overlap_steps and bool(self._active)
+        if live and not late:
+            self._admit(live, events)
         lap("admit")
         cw = self.cowork
         read_first = getattr(cw, "read_first", None)
@@ -709,10 +709,13 @@ class NativeEngine:
         # behind it before the co-worker waits for it
         finish = getattr(cw, "finish", None) if ran else None
         launched = False
-        if self._active and (not ran or (finish is not None and self.config.overlap_steps)):
+        if self._active and (not ran or (finish is not None and c.overlap_steps)):
             self._launch_step()
             launched = True
         lap("step_launch")
+        if late:
+            self._admit(live, events)
+            lap("admit")
         if finish is not None:
             finish()
             lap("cowork_finish")
@@ -721,6 +724,15 @@ class NativeEngine:
         self._tell(events[told:])
         lap("tell")
         return events
+
+    def _admit(self, live: List[_Req], events: list) -> None:
+        """Admit ``live`` (prefill launched); a request whose first c0 is EOS ends at once
+        (an event appended to ``events``)."""
+        for r, eos in zip(live, self._admit_many(live)):
+            if eos:  # the first c0 is EOS: no frames
+                self._release(r)
+                r.stopped = True
+                events.append((r, None, True))
 
     def _unread_kept(self) -> int:
         """Launched steps left unread after an iteration that launched one: none without

@@ -79,6 +79,7 @@ async def make_engine(cfg: TalkerModelConfig):
             overlap_steps=cfg.native_overlap,
             loop_thread=cfg.native_loop_thread,
             deep_overlap_rows=cfg.native_deep_overlap_rows,
+            admit_after_step=cfg.native_admit_after_step,
             prefill_kernel_rows=cfg.native_prefill_kernel_rows,
             pdl=cfg.native_pdl,
             split_k=cfg.native_split_k,
