@@ -180,6 +180,8 @@ def test_fused_audio_equals_frames_decoded_whole_admitting_after_the_step(tiny_c
         lent = p.fused_stats.lent
         _check_audio_equals_frames(p, plain, decoder, loop, first=2)
         assert p.fused_stats.lent > lent
+        calls = p.engine.loop_time.calls  # a late admission adds a second "admit" lap to its iteration
+        assert calls["admit"] > calls["release"]
     finally:
         p.shutdown()
 

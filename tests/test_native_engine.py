@@ -13,7 +13,12 @@ import torch
 from triton_qwen3_tts.model.checkpoint import load_checkpoint
 from triton_qwen3_tts.engines.base import EngineError, TalkerRequest
 from triton_qwen3_tts.model.generate import generate_codes
-from triton_qwen3_tts.engines.native.engine import NativeEngine, NativeEngineConfig, gumbel_noise
+from triton_qwen3_tts.engines.native.engine import (
+    NativeEngine,
+    NativeEngineConfig,
+    _eos_masked_at_prefill,
+    gumbel_noise,
+)
 from triton_qwen3_tts.model.sampling import SamplingParams
 
 MAX_LEN = 96
@@ -377,7 +382,9 @@ def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, unread,
         it = lambda: eng.loop_time.calls.get("release", 0)  # noqa: E731 -- one "release" lap an iteration
         launch, admit = eng._launch_step, eng._admit_many
         eng._launch_step = lambda: in_flight.append(len(eng._inflight)) or log.append((it(), "step")) or launch()
-        eng._admit_many = lambda rs: log.append((it(), len(eng._active))) or admit(rs)
+        eng._admit_many = lambda rs: (
+            log.append((it(), (len(eng._active), all(_eos_masked_at_prefill(r.req) for r in rs)))) or admit(rs)
+        )
         specs = [
             (6, 2, 30, 2, 0),
             (9, 0, 30, 0, 0),
@@ -402,12 +409,13 @@ def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, unread,
         assert any(0 < n < s[2] for n, s in zip(ends, specs))  # EOS stopped some request mid-stream
         assert max(in_flight) == unread  # launched behind that many unread steps
         # beside running requests an admission comes after their step's launch in its iteration
-        # with admit_after_step, before it without
-        beside = [j for j, (_, e) in enumerate(log) if e != "step" and e > 0]
-        assert beside  # some requests were admitted while others decoded
+        # with admit_after_step (unless a new request may end at its prefill: min_new_tokens 0),
+        # before it without
+        beside = [j for j, (_, e) in enumerate(log) if e != "step" and e[0] > 0]
+        assert any(log[j][1][1] for j in beside)  # some were admitted while others decoded
         for j in beside:
             stepped = any(e == "step" and i == log[j][0] for i, e in log[:j])
-            assert stepped == (late and unread > 0), (j, log[max(0, j - 3) : j + 2])
+            assert stepped == (late and unread > 0 and log[j][1][1]), (j, log[max(0, j - 3) : j + 2])
         for _ in range(500):  # the loop reads the step launched behind the last EOS, then idles
             if not eng._inflight:
                 break

@@ -689,8 +689,10 @@ class NativeEngine:
                 live.append(r)
         c = self.config
         # admit_after_step: the running requests' step is launched first and the admission's
-        # host work runs while the GPU has it queued; the new requests join the next step
+        # host work runs while the GPU has it queued; the new requests join the next step. Not
+        # where one of them may end at its prefill: that read would wait for the step too
         late = bool(live) and c.admit_after_step and c.overlap_steps and bool(self._active)
+        late = late and all(_eos_masked_at_prefill(r.req) for r in live)
         if live and not late:
             self._admit(live, events)
         lap("admit")
