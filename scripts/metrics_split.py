@@ -151,8 +151,9 @@ def main(argv=None) -> int:
                     f"(batch {f[m + '.batch']:.1f}), {f[m + '.exec_ms']:.1f} ms per exec, "
                     f"busy {f[m + '.busy_s']:.1f} s, queue {f[m + '.queue_ms']:.1f} ms/req"
                 )
-        if device_line(f):
-            parts.append(device_line(f))
+        line = device_line(f)
+        if line:
+            parts.append(line)
         rows.append("\n  ".join(parts))
         prev = cur
     print("\n".join(rows))

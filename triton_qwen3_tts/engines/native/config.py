@@ -138,12 +138,10 @@ class NativeEngineConfig:
         for f in ("max_num_seqs", "max_model_len", "max_trailing_tokens", "max_top_k", "prefill_max_tokens"):
             if not _pos_int(getattr(self, f)):
                 bad(f, f"must be a positive int, got {getattr(self, f)!r}")
-        v = self.prefill_kernel_rows
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            bad("prefill_kernel_rows", f"must be an int >= 0, got {v!r}")
-        v = self.deep_overlap_rows
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            bad("deep_overlap_rows", f"must be an int >= 0, got {v!r}")
+        for f in ("prefill_kernel_rows", "deep_overlap_rows"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                bad(f, f"must be an int >= 0, got {v!r}")
         v = self.split_k
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 16:
             bad("split_k", f"must be an int in [0, 16], got {v!r}")

@@ -72,9 +72,8 @@ streams' queues while the thread is already on its next iteration. The event loo
 hand-over, the streams' consumers, new requests) then runs while the thread waits for the GPU,
 instead of between two iterations: with the overlap the GPU has one step queued, and every
 millisecond of host work beyond that step's time leaves it idle; from ``deep_overlap_rows``
-active rows it has two. Without ``loop_thread`` an
-asyncio task runs each iteration in the default executor and does the hand-over itself between
-iterations. Either way one iteration runs at a time. The loop thread lowers the interpreter's
+active rows it has two. Without ``loop_thread`` an asyncio task runs each iteration in the
+default executor and does the hand-over itself between iterations. Either way one iteration runs at a time. The loop thread lowers the interpreter's
 GIL switch interval to ``SWITCH_INTERVAL_S`` (process-wide), so that it does not wait 5 ms for the
 event loop's turn before launching a step. With the thread, the co-worker's
 ``has_work`` runs on the loop thread and its ``dispatch`` on the event loop, at the same time as
@@ -667,8 +666,8 @@ class NativeEngine:
     def _work(self, admits: List[_Req]) -> List[Tuple[_Req, Optional[np.ndarray], bool]]:
         """Scheduler body, run off the event loop: releases, admissions, a co-worker call or the
         launch of one decode step, then the frames of the steps read back (with
-        ``overlap_steps``, all but the last one launched, or two: ``_unread_kept``). Returns ``(request, frames [1, 16] or
-        None, finished)`` events for the loop to dispatch."""
+        ``overlap_steps``, all but the last one launched, or two: ``_unread_kept``). Returns
+        ``(request, frames [1, 16] or None, finished)`` events for the loop to dispatch."""
         events = []
         lap = self.loop_time.lap
         lap("between")  # the wake checks and _admissions() (in the executor: also the event loop's turn)

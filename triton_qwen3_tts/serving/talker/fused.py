@@ -467,8 +467,8 @@ class FusedPipeline:
 def device_time_increments(gpu_ms: Dict[str, dict], seen: Dict[str, tuple]) -> List[tuple]:
     """What the per-kind device-time counters gain since the last call, from the engine's
     cumulative ``stats()["gpu_ms"]`` (kind -> ``{"ms", "calls"}``; its ``gpu_gap_ms`` has the
-    same shape, by transition): ``(kind, seconds, launches)`` for each kind whose totals grew. ``seen`` (kind -> ``(ms, calls)`` exported so
-    far) is updated; a total never counts down."""
+    same shape, by transition): ``(kind, seconds, launches)`` for each kind whose totals grew.
+    ``seen`` (kind -> ``(ms, calls)`` exported so far) is updated; a total never counts down."""
     out = []
     for kind, v in gpu_ms.items():
         ms, n = float(v["ms"]), int(v["calls"])

@@ -313,6 +313,14 @@ def _log_failure(fut):
         pb_utils.Logger.log_error(f"tts: request handler failed: {exc!r}")
 
 
+# The engine's cumulative device counters the fused pipeline exports: (its stats() key, the
+# (seconds, count) families in _FusedMetrics.families, the label of their keys)
+_DEVICE_COUNTERS = (
+    ("gpu_ms", ("device_s", "device_n"), "kind"),
+    ("gpu_gap_ms", ("gap_s", "gap_n"), "transition"),
+)
+
+
 class _FusedMetrics:
     """Pipeline fused: the scheduler's histograms and deadline misses
     (``serving/talker/fused.py`` FusedStats) and each engine's streams and decoded frames, labelled
@@ -391,8 +399,8 @@ class _FusedMetrics:
         for key, (name, desc) in device.items():
             self.families[key] = M(name=name, description=desc, kind=M.COUNTER)
         self.seen = {}  # (gpu, key) -> value exported so far
-        self.device_seen = {gpu: {} for gpu in range(len(self.lanes))}  # kind -> (ms, calls) exported
-        self.gap_seen = {gpu: {} for gpu in range(len(self.lanes))}  # transition -> (ms, gaps) exported
+        # (gpu, stats key) -> {kind or transition: (ms, calls) exported}, per _DEVICE_COUNTERS entry
+        self.device_seen = {(gpu, src): {} for gpu in range(len(self.lanes)) for src, _, _ in _DEVICE_COUNTERS}
         for gpu, lane in enumerate(self.lanes):
             labels = {"model": "tts", "gpu": str(gpu)}
             for key, (_, _, buckets) in hists.items():
@@ -405,8 +413,8 @@ class _FusedMetrics:
             snap = lane.snapshot()
             for key, value in snap["counts"].items():  # the warm-up's: not exported
                 self.seen[gpu, key] = value
-            self._device_time(snap["stats"].get("gpu_ms", {}), self.device_seen[gpu])
-            self._device_time(snap["stats"].get("gpu_gap_ms", {}), self.gap_seen[gpu])
+            for src, _, _ in _DEVICE_COUNTERS:  # the warm-up's: not exported
+                self._device_time(snap["stats"].get(src, {}), self.device_seen[gpu, src])
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="tts-fused-metrics", daemon=True)
         self._thread.start()
@@ -433,12 +441,8 @@ class _FusedMetrics:
                 if value > self.seen[gpu, key]:
                     self.metrics[gpu, key].increment(value - self.seen[gpu, key])
                     self.seen[gpu, key] = value
-            stats = snap["stats"]
-            for src, seen, (fs, fn), label in (
-                ("gpu_ms", self.device_seen[gpu], ("device_s", "device_n"), "kind"),
-                ("gpu_gap_ms", self.gap_seen[gpu], ("gap_s", "gap_n"), "transition"),
-            ):
-                for key, seconds, calls in self._device_time(stats.get(src, {}), seen):
+            for src, (fs, fn), label in _DEVICE_COUNTERS:
+                for key, seconds, calls in self._device_time(snap["stats"].get(src, {}), self.device_seen[gpu, src]):
                     for fam, value in ((fs, seconds), (fn, calls)):
                         m = self.metrics.get((gpu, fam, key))
                         if m is None:
