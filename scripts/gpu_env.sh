@@ -7,6 +7,16 @@
 # 1.7b-customvoice) to $CKPT once.
 export PYTHONUNBUFFERED=1
 PRESET=${PRESET:-1.7b-customvoice}
+# Compile caches in fixed places (inductor's FX-graph and autotuning caches, Triton's kernels),
+# so that a tarball of them can be carried to the next fresh machine: .gpu-cache/compile.tgz
+# (git-ignored; scripts/gpu_ab_bench.sh packs it with PACK_CACHE=1) is unpacked here when
+# present, and a server's compiles are then cache hits instead of minutes of work.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/qwen3_cache/inductor}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/qwen3_cache/triton}
+if [ -f .gpu-cache/compile.tgz ] && [ ! -e /tmp/qwen3_cache/.unpacked ]; then
+  mkdir -p /tmp/qwen3_cache && tar xzf .gpu-cache/compile.tgz -C /tmp/qwen3_cache \
+    && touch /tmp/qwen3_cache/.unpacked && echo "compile cache unpacked: $(du -sh /tmp/qwen3_cache | cut -f1)"
+fi
 source .gpu-bundle/activate.sh > /dev/null
 SITE=$TRITON_HOME/venv/lib/python3.12/site-packages
 python -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -1
