@@ -13,7 +13,7 @@
 #        (default "--duration 30 --warmup 1"), ORDER (default "A B B A"), READY_S (default 360:
 #        each server's wait for readiness), DEADLINE_S (default 570: from this script's start, a
 #        level that could not end by then is not started, so that a device call of 600 s keeps
-#        what was measured), PACK_CACHE=1 (the compile caches into $OUT/compile.tgz: see
+#        what was measured), PACK_CACHE=1 (the compile caches into $OUT/compile.tar.xz: see
 #        scripts/gpu_env.sh)
 # Results under $OUT: ab.txt (one table line per measurement, in order), ab_<i>_<A|B>.json/.csv,
 # metrics_ab_<i>_<A|B>_{before,after}.txt (the server's counters around each), ab_device.txt,
@@ -66,7 +66,12 @@ done
 touch "$end"
 wait
 for s in A B; do python scripts/gpu_busy.py "$OUT/server_$s.log" > "$OUT/gpu_busy_$s.txt" 2>&1; done
-if [ "${PACK_CACHE:-0}" = 1 ]; then  # the compile caches, to carry as .gpu-cache/compile.tgz
-  tar czf "$OUT/compile.tgz" -C "$(dirname "$TORCHINDUCTOR_CACHE_DIR")" . && ls -l "$OUT/compile.tgz" >> "$OUT/ab.txt"
+if [ "${PACK_CACHE:-0}" = 1 ]; then
+  # the compile caches, to carry as .gpu-cache/compile.tar.xz: without the compilers' intermediate
+  # files (a Triton kernel loads from its cubin and metadata), xz-compressed (at most 16 MiB
+  # come back from a device call)
+  cache=$(dirname "$TORCHINDUCTOR_CACHE_DIR")
+  find "$cache" -type f \( -name "*.ptx" -o -name "*.ttir" -o -name "*.ttgir" -o -name "*.llir" -o -name "*.source" \) -delete
+  tar cf - -C "$cache" . | xz -T0 -6 > "$OUT/compile.tar.xz" && ls -l "$OUT/compile.tar.xz" >> "$OUT/ab.txt"
 fi
 cat "$OUT/ab.txt" "$OUT/ab_device.txt"

@@ -8,13 +8,13 @@
 export PYTHONUNBUFFERED=1
 PRESET=${PRESET:-1.7b-customvoice}
 # Compile caches in fixed places (inductor's FX-graph and autotuning caches, Triton's kernels),
-# so that a tarball of them can be carried to the next fresh machine: .gpu-cache/compile.tgz
+# so that a tarball of them can be carried to the next fresh machine: .gpu-cache/compile.tar.xz
 # (git-ignored; scripts/gpu_ab_bench.sh packs it with PACK_CACHE=1) is unpacked here when
 # present, and a server's compiles are then cache hits instead of minutes of work.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/qwen3_cache/inductor}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/qwen3_cache/triton}
-if [ -f .gpu-cache/compile.tgz ] && [ ! -e /tmp/qwen3_cache/.unpacked ]; then
-  mkdir -p /tmp/qwen3_cache && tar xzf .gpu-cache/compile.tgz -C /tmp/qwen3_cache \
+if [ -f .gpu-cache/compile.tar.xz ] && [ ! -e /tmp/qwen3_cache/.unpacked ]; then
+  mkdir -p /tmp/qwen3_cache && tar xJf .gpu-cache/compile.tar.xz -C /tmp/qwen3_cache \
     && touch /tmp/qwen3_cache/.unpacked && echo "compile cache unpacked: $(du -sh /tmp/qwen3_cache | cut -f1)"
 fi
 source .gpu-bundle/activate.sh > /dev/null

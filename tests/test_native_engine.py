@@ -5,6 +5,7 @@ aborts free their slots, seeded sampling is reproducible, limits are refused."""
 import asyncio
 import contextlib
 import random
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from triton_qwen3_tts.engines.native.engine import (
     NativeEngineConfig,
     _eos_masked_at_prefill,
     gumbel_noise,
+    hold_admission,
 )
 from triton_qwen3_tts.model.sampling import SamplingParams
 
@@ -137,6 +139,7 @@ def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
         dict(overlap_steps=False),
         dict(deep_overlap_rows=2),
         dict(admit_after_step=True),
+        dict(admit_hold_ms=40.0, admit_hold_requests=2),
         dict(loop_thread=False),
     ],
     ids=[
@@ -146,6 +149,7 @@ def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
         "read_each_step",
         "two_unread_from_2_rows",
         "admit_after_step",
+        "admit_hold",
         "loop_in_executor",
     ],
 )
@@ -421,6 +425,73 @@ def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, unread,
                 break
             loop.run_until_complete(asyncio.sleep(0.01))
         assert eng.stats()["active"] == 0 and not eng._inflight
+
+
+def test_hold_admission_rule():
+    """``admit_hold_ms``'s rule, pure: off at 0; never while no row decodes; until the oldest
+    has waited ``hold_ms`` or ``hold_requests`` wait (as many as the free slots take)."""
+    kw = dict(waiting=1, free=8, active=4, waited_ms=5.0)
+    assert not hold_admission(0.0, 8, **kw)
+    assert hold_admission(20.0, 8, **kw)
+    assert not hold_admission(20.0, 8, **{**kw, "active": 0})  # an idle engine admits at once
+    assert not hold_admission(20.0, 8, **{**kw, "waited_ms": 20.0})  # held long enough
+    assert not hold_admission(20.0, 8, **{**kw, "waiting": 8})  # enough wait
+    assert not hold_admission(20.0, 8, **{**kw, "waiting": 3, "free": 3})  # they fill the free slots
+    assert hold_admission(20.0, 8, **{**kw, "waiting": 3, "free": 4})
+    assert not hold_admission(20.0, 8, **{**kw, "free": 0})  # nothing to admit into anyway
+
+
+def test_admit_hold_groups_admissions(tiny_checkpoint, ref, loop):
+    """With ``admit_hold_ms`` new requests that arrive while another decodes are admitted in one
+    group once ``admit_hold_requests`` wait, and a lone one after ``admit_hold_ms``, not never;
+    a request reaching an idle engine is admitted at once. Frames equal the reference."""
+    talker, pad = ref
+    d = talker.config.hidden_size
+    pe, tr = _prompt(d, 6, 2, seed=70)
+    hold_s = 0.15
+
+    def mk(i, mf):
+        return TalkerRequest(
+            request_id=f"h{i}", prompt_embeds=pe, trailing=tr, max_frames=mf, greedy=True, min_new_tokens=mf
+        )
+
+    async def run(eng):
+        groups = []  # (size of each admission, seconds the oldest of it waited)
+        admit = eng._admit_many
+
+        def logged(rs):
+            groups.append((len(rs), time.perf_counter() - min(r.t_submit for r in rs)))
+            return admit(rs)
+
+        eng._admit_many = logged
+        long = asyncio.ensure_future(_collect(eng, mk(0, 85)))  # decodes while the others arrive
+        for _ in range(5000):
+            if eng.steps >= 2 or long.done():
+                break
+            await asyncio.sleep(0.001)
+        b = asyncio.ensure_future(_collect(eng, mk(1, 6)))
+        await asyncio.sleep(0.03)
+        c = asyncio.ensure_future(_collect(eng, mk(2, 6)))
+        got = await asyncio.wait_for(asyncio.gather(b, c), 30)
+        assert not long.done(), "the long request ended before the lone one: the test needs it decoding"
+        got.append(await asyncio.wait_for(_collect(eng, mk(3, 6)), 30))  # alone: waits hold_s
+        await asyncio.wait_for(long, 60)
+        return groups, got
+
+    eng = loop.run_until_complete(
+        NativeEngine.create(tiny_checkpoint, _cfg(admit_hold_ms=hold_s * 1000, admit_hold_requests=2))
+    )
+    try:
+        groups, outs = loop.run_until_complete(run(eng))
+    finally:
+        eng.shutdown()
+    want = _reference(talker, pad, pe, tr, 6, min_new_tokens=6)
+    for got in outs:
+        np.testing.assert_array_equal(got, want)
+    assert [n for n, _ in groups] == [1, 2, 1], groups
+    assert groups[0][1] < hold_s  # the idle engine admitted the first at once
+    assert groups[1][1] >= 0.03  # the second waited for the third
+    assert groups[2][1] >= hold_s  # a lone one after the hold
 
 
 def test_aborts_free_slots(engine, ref, loop):

@@ -234,6 +234,26 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_admit_hold_ms",
+        0,
+        "native engine: while requests decode, hold new requests up to this many milliseconds so that "
+        "they are admitted together (one prefill and one first-chunk codec call for several), or until "
+        "native_admit_hold_requests wait; more audio per GPU-second under load at up to this much more "
+        "time to first audio; an idle engine admits at once (0: admit every loop iteration)",
+        lo=0,
+        hi=1000,
+        group="talker",
+    ),
+    Setting(
+        "native_admit_hold_requests",
+        8,
+        "native engine with native_admit_hold_ms: admit the held requests as soon as this many wait "
+        "(or as many as there are free slots)",
+        lo=1,
+        hi=65536,
+        group="talker",
+    ),
+    Setting(
         "native_loop_thread",
         True,
         "native engine: run the scheduler loop on a thread of its own, handing each iteration's "

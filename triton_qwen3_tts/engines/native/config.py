@@ -98,6 +98,12 @@ class NativeEngineConfig:
       the admission's host work runs while the GPU has that step queued instead of while it may
       run dry; the new requests join the next step (their first frame one step later). An idle
       engine admits first either way.
+    * ``admit_hold_ms``: while requests are decoding, new requests wait up to this long (from
+      when they entered the queue) to be admitted together, or until ``admit_hold_requests`` of
+      them (or as many as there are free slots) wait: each admission costs a prefill launch, a
+      first-chunk codec call and host work the GPU may wait for, whatever the number of prompts
+      it takes, so fewer, larger admissions give more audio per GPU-second at up to this much
+      more time to first audio. An idle engine admits at once. 0: admit every iteration.
     * ``loop_thread``: the scheduler loop runs on a thread of its own and hands each iteration's
       frames to the event loop without waiting for it, so the event loop's work runs while the
       loop waits for the GPU (engine module docstring); False: an asyncio task runs each
@@ -129,19 +135,31 @@ class NativeEngineConfig:
     overlap_steps: bool = True
     deep_overlap_rows: int = 0
     admit_after_step: bool = False
+    admit_hold_ms: float = 0.0
+    admit_hold_requests: int = 8
     loop_thread: bool = True
 
     def __post_init__(self):
         def bad(f, msg):
             raise EngineError(f"NativeEngineConfig.{f}: {msg}")
 
-        for f in ("max_num_seqs", "max_model_len", "max_trailing_tokens", "max_top_k", "prefill_max_tokens"):
+        for f in (
+            "max_num_seqs",
+            "max_model_len",
+            "max_trailing_tokens",
+            "max_top_k",
+            "prefill_max_tokens",
+            "admit_hold_requests",
+        ):
             if not _pos_int(getattr(self, f)):
                 bad(f, f"must be a positive int, got {getattr(self, f)!r}")
         for f in ("prefill_kernel_rows", "deep_overlap_rows"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 bad(f, f"must be an int >= 0, got {v!r}")
+        v = self.admit_hold_ms
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1000:
+            bad("admit_hold_ms", f"must be a number of milliseconds in [0, 1000], got {v!r}")
         v = self.split_k
         if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 16:
             bad("split_k", f"must be an int in [0, 16], got {v!r}")

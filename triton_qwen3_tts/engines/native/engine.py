@@ -152,6 +152,15 @@ _END = object()
 log = logging.getLogger(__name__)
 
 
+def hold_admission(hold_ms: float, hold_requests: int, waiting: int, free: int, active: int, waited_ms: float) -> bool:
+    """Whether the loop holds ``waiting`` requests back this iteration (``admit_hold_ms``): only
+    while ``active`` rows decode (an idle engine admits at once), until the oldest has waited
+    ``hold_ms`` or ``hold_requests`` wait (or as many as the ``free`` slots take)."""
+    if hold_ms <= 0 or active < 1 or waiting < 1 or free < 1:
+        return False
+    return waiting < min(hold_requests, free) and waited_ms < hold_ms
+
+
 def _running_on(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether the calling thread is running ``loop``."""
     try:
@@ -770,10 +779,22 @@ class NativeEngine:
             self.cowork.on_events([(r.req.request_id, frames, stop) for r, frames, stop in events])
 
     def _admissions(self) -> List[_Req]:
-        """Waiting requests to admit now (up to ``max_num_seqs`` active)."""
+        """Waiting requests to admit now (up to ``max_num_seqs`` active), none while
+        ``admit_hold_ms`` holds them (:func:`hold_admission`)."""
+        c = self.config
         admits = []
         with self._wlock:
-            while self._waiting and len(self._active) + len(admits) < self.config.max_num_seqs:
+            free = c.max_num_seqs - len(self._active)
+            if self._waiting and hold_admission(
+                c.admit_hold_ms,
+                c.admit_hold_requests,
+                waiting=len(self._waiting),
+                free=free,
+                active=len(self._active),
+                waited_ms=(time.perf_counter() - self._waiting[0].t_submit) * 1000.0,
+            ):
+                return admits
+            while self._waiting and len(admits) < free:
                 admits.append(self._waiting.popleft())
         return admits
 

@@ -80,6 +80,8 @@ async def make_engine(cfg: TalkerModelConfig):
             loop_thread=cfg.native_loop_thread,
             deep_overlap_rows=cfg.native_deep_overlap_rows,
             admit_after_step=cfg.native_admit_after_step,
+            admit_hold_ms=float(cfg.native_admit_hold_ms),
+            admit_hold_requests=cfg.native_admit_hold_requests,
             prefill_kernel_rows=cfg.native_prefill_kernel_rows,
             pdl=cfg.native_pdl,
             split_k=cfg.native_split_k,
