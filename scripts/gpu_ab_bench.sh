@@ -10,7 +10,8 @@
 # ab_device.txt); the logs' stats lines, every 30 s, from scripts/gpu_busy.py.
 #   env: A_ARGS, B_ARGS (build_model_repository.py flags of each, added to run 39c's
 #        configuration in BASE_ARGS), LEVEL (default 64), FRAMES (default 200), SERVICE_ARGS
-#        (default "--duration 30 --warmup 1"), ORDER (default "A B B A"), READY_S (default 360:
+#        (default "--duration 30 --warmup 1"), ORDER (default "A B B A"), WARM_S (default 15: an
+#        unmeasured level of that many seconds on each server first), READY_S (default 360:
 #        each server's wait for readiness), DEADLINE_S (default 570: from this script's start, a
 #        level that could not end by then is not started, so that a device call of 600 s keeps
 #        what was measured), PACK_CACHE=1 (the compile caches into $OUT/compile.tar.xz: see
@@ -28,6 +29,7 @@ FRAMES=${FRAMES:-200}
 ORDER=${ORDER:-"A B B A"}
 READY_S=${READY_S:-360}
 DEADLINE_S=${DEADLINE_S:-570}
+WARM_S=${WARM_S:-15}
 source scripts/gpu_env.sh
 end=/tmp/ab_end; rm -f "$end" /tmp/ab_A.ready /tmp/ab_B.ready
 port() { if [ "$1" = A ]; then echo 18000; else echo 18100; fi; }
@@ -45,6 +47,16 @@ for s in A B; do
   if curl -sf "localhost:$(port $s)/v2/health/ready" > /dev/null; then up="$up $s"; else echo "server $s not up: not measured" >> "$OUT/ab.txt"; fi
 done
 echo "both loaded $(date +%T); servers up:$up; A: ${A_ARGS:-(base)}; B: ${B_ARGS:-(base)}" >> "$OUT/ab.txt"
+# an unmeasured level on each server first: in run 43c (both servers just loaded, from warm
+# compile caches) the first two levels read 7-10 % below the later ones on either server
+if [ "$WARM_S" -gt 0 ]; then
+  for s in $up; do
+    # shellcheck disable=SC2086
+    line=$(timeout $((WARM_S + 60)) python benchmark/benchmark_service.py --url 127.0.0.1:$(($(port $s) + 1)) \
+      --concurrency "$LEVEL" --fixed-frames "$FRAMES" --duration "$WARM_S" --warmup 1 --no-progress 2>&1 | grep -E "^ +$LEVEL " | tail -1)
+    echo "warm-up $s $(date +%T) $line" >> "$OUT/ab.txt"
+  done
+fi
 i=0
 for s in $ORDER; do
   i=$((i + 1))

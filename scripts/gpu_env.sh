@@ -10,7 +10,10 @@ PRESET=${PRESET:-1.7b-customvoice}
 # Compile caches in fixed places (inductor's FX-graph and autotuning caches, Triton's kernels),
 # so that a tarball of them can be carried to the next fresh machine: .gpu-cache/compile.tar.xz
 # (git-ignored; scripts/gpu_ab_bench.sh packs it with PACK_CACHE=1) is unpacked here when
-# present, and a server's compiles are then cache hits instead of minutes of work.
+# present, and a server's compiles are then cache hits instead of minutes of work (run 43c, a
+# machine whose caches were warm: both servers ready in 98-100 s against 280 s). It travels only
+# where the working tree leaves room under the device tool's 64 MiB with the bundle and wheels
+# (in run 43 the 7.5 MB tarball did not fit).
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/qwen3_cache/inductor}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/qwen3_cache/triton}
 if [ -f .gpu-cache/compile.tar.xz ] && [ ! -e /tmp/qwen3_cache/.unpacked ]; then
