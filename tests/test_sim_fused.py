@@ -98,3 +98,14 @@ def test_several_seeds_print_a_summary_of_each_rate(capsys):
         {"level": 5, "ttfa": {"p95": p}, "ok": 10, "requests_with_underrun": u} for p, u in ((0.05, 1), (0.07, 0))
     ]
     assert sf.summary(levels).endswith("TTFA p95 mean 60 ms (50-70), underrun mean 5.0 %")
+
+
+def test_admission_hold_groups_prefills_at_a_cost_in_time_to_first_audio():
+    """The engine's admission hold (the same rule, engines/native/admission.py) in the model: an
+    open loop whose requests arrive while others decode gets fewer prefills with it, and its
+    first audio later by up to the hold."""
+    load = sf.Load(frames=20, rate=20.0, duration=6.0, warmup=0.5, seed=1)
+    off = sf.simulate(_policy(), FLAT, load, max_num_seqs=8)
+    on = sf.simulate(_policy(), FLAT, load, max_num_seqs=8, admit_hold_ms=30.0, admit_hold_requests=4)
+    assert on["prefills"] < off["prefills"]
+    assert off["ttfa"]["p50"] < on["ttfa"]["p50"] <= off["ttfa"]["p50"] + 0.030 + 0.011

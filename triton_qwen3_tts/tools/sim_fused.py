@@ -36,6 +36,13 @@ lesson: near capacity the GPU is saturated, and of the changes it can try only a
 step passes 60 req/s (the code predictor's 3.6 ms halved: p95 79 ms); hiding host time, a
 1.5-ms prefill or a 1-ms codec floor alone do not (docs/benchmark-history.md, run 34).
 
+``--costs run43`` (:data:`H200_RUN43`) are the H200's: run 43's server figures at 64 streams and
+run 39b's codec slots. With them the model's closed loop of 64 streams runs in waves (about 105
+prefills a 30-s level against the server's 336-400) and reads about 680 audio-s/s against
+560-600 measured; its open loops are what it is for. Its prediction for the engine's admission
+hold (``--admit-hold-ms 30``): at 20 req/s of 4-s clips TTFA p95 53 -> 82 ms, at 70 req/s 80 ->
+90 ms with underruns 0.8 -> 0.0 %.
+
 The older costs (``--costs run29``, :data:`H100`) are run 29's, H100 80GB HBM3, 1.7B random real-size weights, bf16:
 the frame step with the Triton kernels (29b, context 300), the codec's slots with plain CUDA
 graphs (29b, every slot measured) and with the compiled step (measured at 32 streams only; other
@@ -65,6 +72,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from triton_qwen3_tts.engines.native.admission import hold_admission
 from triton_qwen3_tts.serving.codec.batch import bucket
 from triton_qwen3_tts.serving.settings import default
 from triton_qwen3_tts.serving.talker.deadline import FRAME_SECONDS, RIDE_ALONG, DeadlinePolicy, StreamState
@@ -175,6 +183,31 @@ H100_RUN33 = Costs(
 )
 
 
+# run 43 (H200, the engine's gpu_ms in the server at 64 streams, 43a): decode steps 2.99 / 5.33 /
+# 4.83 / 5.10 ms at 1 / 8 / 32 / 64 rows (128 rows not timed in the server: 7.0 assumed), a
+# prefill 4.7 ms for about 3.4 prompts of 30 rows (its rows' share kept from run 2), the
+# compiled channels-last codec's slots as run 39b timed them alone (codec_slots.py) plus 0.6 ms a
+# call (43a's first-chunk calls: 2.04 ms against the 1.44-1.49 of their slots), 0.35 ms of gaps
+# an iteration (43a: 0.35-0.38), the audio's way in and out as run 33's table
+_RUN39B_SLOTS = {
+    2: (2.715, 1.435, 1.463, 1.62, 1.983, 2.435),
+    4: (2.817, 1.485, 1.634, 1.99, 2.697, 3.596),
+    8: (3.061, 1.7, 2.068, 2.741, 4.154, 5.838),
+    16: (3.578, 2.144, 2.846, 4.283, 7.114, 10.115),
+    32: (4.114, 3.014, 4.492, 7.224, 12.501, 18.903),
+}
+H200_RUN43 = Costs(
+    step_ms={1: 2.99, 8: 5.33, 32: 4.83, 64: 5.10, 128: 7.0},
+    codec_ms={(b, t): ms + 0.6 for b, row in _RUN39B_SLOTS.items() for t, ms in zip(_FRAMES, row)},
+    prefill_ms=4.7 - 0.0064 * 100,
+    iter_ms=0.35,
+    in_ms=12.0,
+    out_ms=8.0,
+    prompt_ms=1.5,
+    overlap=True,
+)
+
+
 @dataclass
 class _Req:
     rid: int
@@ -201,9 +234,18 @@ class Load:
     seed: int = 0
 
 
-def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int = 64) -> dict:
+def simulate(
+    policy: DeadlinePolicy,
+    costs: Costs,
+    load: Load,
+    max_num_seqs: int = 64,
+    admit_hold_ms: float = 0.0,
+    admit_hold_requests: int = 8,
+) -> dict:
     """Run ``load`` through the modelled loop; returns :func:`aggregate`'s level summary (of
-    the requests sent after the warm-up) plus the codec calls' statistics."""
+    the requests sent after the warm-up) plus the codec calls' statistics. ``admit_hold_ms`` /
+    ``admit_hold_requests``: the engine's admission hold (``engines/native/admission.py``, the
+    same rule)."""
     policy = replace(policy)  # its alternation state is per run
     rng = random.Random(load.seed)
     now = 0.0
@@ -230,7 +272,7 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
     threads_free = [0.0] * max(1, costs.prompt_threads)  # when each prompt thread is free
     active: List[_Req] = []
     live: Dict[int, _Req] = {}  # admitted, audio not all out
-    calls = rows_total = 0
+    calls = rows_total = prefills = 0
     codec_s = step_s = prefill_s = 0.0
     iterations = 0
     while True:
@@ -246,6 +288,7 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
                     threads_free[k] = max(threads_free[k], t_arr) + costs.prompt_ms / 1000
                     heapq.heappush(arrivals, (threads_free[k], rid))
                     continue
+            r.t_wait = now  # when it reached the engine's queue (the hold counts from here)
             waiting.append(r)
         if not waiting and not active and not any(r.state.pending for r in live.values()):
             if not arrivals:
@@ -253,9 +296,18 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
             now = arrivals[0][0]
             continue
         admits = []
-        while waiting and len(live) + len(admits) < max_num_seqs:
+        held = bool(waiting) and hold_admission(
+            admit_hold_ms,
+            admit_hold_requests,
+            waiting=len(waiting),
+            free=max_num_seqs - len(live),
+            active=len(active),
+            waited_ms=(now - waiting[0].t_wait) * 1000,
+        )
+        while not held and waiting and len(live) + len(admits) < max_num_seqs:
             admits.append(waiting.popleft())
         if admits:
+            prefills += 1
             cost = (costs.prefill_ms + costs.prefill_ms_per_row * sum(r.prompt_rows for r in admits)) / 1000
             now += cost
             prefill_s += cost
@@ -315,6 +367,7 @@ def simulate(policy: DeadlinePolicy, costs: Costs, load: Load, max_num_seqs: int
     agg = aggregate(recs, wall=wall, level=load.streams or load.rate, mode="closed" if load.streams else "open")
     agg["audio_s_per_s"] = audio / wall
     agg["codec_calls"] = calls
+    agg["prefills"] = prefills
     agg["codec_rows_per_call"] = rows_total / calls if calls else 0.0
     agg["gpu_busy_codec_s"] = codec_s
     agg["gpu_busy_step_s"] = step_s
@@ -341,7 +394,7 @@ def _row(name: str, agg: dict) -> str:
     return (
         f"{name:<28} {agg['level']:>6} {agg['audio_s_per_s']:8.1f} {ms(t['p50'])} {ms(t['p95'])} {ms(t['p99'])} "
         f"{underrun_pct(agg) or 0.0:7.1f}% {agg['codec_calls']:6d} {agg['codec_rows_per_call']:6.1f} "
-        f"{agg['gpu_busy_pct']:5.0f}%"
+        f"{agg['gpu_busy_pct']:5.0f}% {agg['prefills']:8d}"
     )
 
 
@@ -363,7 +416,7 @@ def summary(levels: Sequence[dict]) -> str:
 
 HEADER = (
     f"{'case':<28} {'level':>6} {'audio/s':>8} {'p50':>6} {'p95':>6} {'p99':>6} {'underrun':>8} {'calls':>6} "
-    f"{'rows':>6} {'busy':>6}"
+    f"{'rows':>6} {'busy':>6} {'prefills':>8}"
 )
 
 # runs 29a (codec plain graphs) and 29c (codec compiled), H100, through the server: what
@@ -390,10 +443,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--costs",
-        choices=("run33", "run29"),
+        choices=("run33", "run43", "run29"),
         default="run33",
-        help="cost table: run33 = the GPU time per launch run 33 measured (overlapped loop, compiled codec; "
-        "--codec is ignored); run29 = run 29's (--codec picks its codec table)",
+        help="cost table: run33 = the GPU time per launch run 33 measured (H100, overlapped loop, compiled "
+        "codec; --codec is ignored); run43 = run 43's (H200, H200_RUN43); run29 = run 29's (--codec picks its "
+        "codec table)",
     )
     ap.add_argument("--codec", choices=("plain", "compiled"), default="compiled", help="codec cost table (run 29b)")
     ap.add_argument("--max-num-seqs", type=int, default=128, help="talker slots (run 33: 128)")
@@ -421,11 +475,17 @@ def main(argv=None) -> int:
         "their measured figures beside",
     )
     ap.add_argument("--prompt-ms", type=float, default=None, help="prompt build time (default: the cost table's)")
+    ap.add_argument(
+        "--admit-hold-ms", type=float, default=0.0, help="the engine's admission hold (native_admit_hold_ms)"
+    )
+    ap.add_argument("--admit-hold-requests", type=int, default=8, help="native_admit_hold_requests")
     ap.add_argument("--json", help="write the levels here")
     args = ap.parse_args(argv)
     costs = H100_CODEC_COMPILED if args.codec == "compiled" else H100
     if args.costs == "run33" and not args.calibrate:
         costs = H100_RUN33
+    elif args.costs == "run43" and not args.calibrate:
+        costs = H200_RUN43
     if args.calibrate:  # the code of runs 29a/29c: prompts on the loop, ride-alongs by schedule, 64 slots
         costs = replace(costs, prompt_blocking=True)
         args.ride_along = "schedule"
@@ -433,8 +493,10 @@ def main(argv=None) -> int:
     if args.prompt_ms is not None:
         costs = replace(costs, prompt_ms=args.prompt_ms)
     policy = _policy(args)
-    table = "run33" if costs is H100_RUN33 else args.codec  # the case label and MEASURED's key
+    # the case label and MEASURED's key
+    table = "run33" if costs is H100_RUN33 else "run43" if costs is H200_RUN43 else args.codec
     shown = args.calibrate or table == "run33"
+    hold = dict(admit_hold_ms=args.admit_hold_ms, admit_hold_requests=args.admit_hold_requests)
     print("simulated (not measured):", HEADER, sep="\n")
     out = []
     for c in args.streams:
@@ -443,6 +505,7 @@ def main(argv=None) -> int:
             costs,
             Load(frames=args.frames, streams=c, duration=args.duration, prompt_rows=args.prompt_rows),
             max_num_seqs=args.max_num_seqs,
+            **hold,
         )
         out.append(agg)
         line = _row(f"closed {table}", agg)
@@ -454,7 +517,7 @@ def main(argv=None) -> int:
             load = Load(
                 frames=args.open_frames, rate=rate, duration=args.duration, seed=seed, prompt_rows=args.prompt_rows
             )
-            agg = simulate(policy, costs, load, max_num_seqs=args.max_num_seqs)
+            agg = simulate(policy, costs, load, max_num_seqs=args.max_num_seqs, **hold)
             level.append(agg)
             line = _row(f"open {table} seed {seed}", agg)
             m = MEASURED.get((table, "open", int(rate))) if shown and seed == 0 else None

@@ -106,6 +106,7 @@ from triton_qwen3_tts.engines.base import (
     check_sampling_fields,
 )
 
+from triton_qwen3_tts.engines.native.admission import hold_admission
 from triton_qwen3_tts.engines.native.config import NativeEngineConfig
 from triton_qwen3_tts.engines.native.model import NativeModel
 from triton_qwen3_tts.engines.native.graphs import _Graphs
@@ -150,15 +151,6 @@ class _Req:
 
 _END = object()
 log = logging.getLogger(__name__)
-
-
-def hold_admission(hold_ms: float, hold_requests: int, waiting: int, free: int, active: int, waited_ms: float) -> bool:
-    """Whether the loop holds ``waiting`` requests back this iteration (``admit_hold_ms``): only
-    while ``active`` rows decode (an idle engine admits at once), until the oldest has waited
-    ``hold_ms`` or ``hold_requests`` wait (or as many as the ``free`` slots take)."""
-    if hold_ms <= 0 or active < 1 or waiting < 1 or free < 1:
-        return False
-    return waiting < min(hold_requests, free) and waited_ms < hold_ms
 
 
 def _running_on(loop: asyncio.AbstractEventLoop) -> bool:
