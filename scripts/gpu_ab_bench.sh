@@ -32,6 +32,8 @@ DEADLINE_S=${DEADLINE_S:-570}
 WARM_S=${WARM_S:-15}
 source scripts/gpu_env.sh
 end=/tmp/ab_end; rm -f "$end" /tmp/ab_A.ready /tmp/ab_B.ready
+# this call's results only (a machine the device tool kept warm still holds the last call's)
+rm -f "$OUT/ab.txt" "$OUT/ab_device.txt" "$OUT"/ab_*_[AB].json "$OUT"/ab_*_[AB].csv "$OUT"/metrics_ab_*
 port() { if [ "$1" = A ]; then echo 18000; else echo 18100; fi; }
 for s in A B; do
   if [ "$s" = A ]; then extra=${A_ARGS:-}; else extra=${B_ARGS:-}; fi
@@ -47,9 +49,10 @@ for s in A B; do
   if curl -sf "localhost:$(port $s)/v2/health/ready" > /dev/null; then up="$up $s"; else echo "server $s not up: not measured" >> "$OUT/ab.txt"; fi
 done
 echo "both loaded $(date +%T); servers up:$up; A: ${A_ARGS:-(base)}; B: ${B_ARGS:-(base)}" >> "$OUT/ab.txt"
-# an unmeasured level on each server first: in run 43c (both servers just loaded, from warm
-# compile caches) the first two levels read 7-10 % below the later ones on either server
-if [ "$WARM_S" -gt 0 ]; then
+# an unmeasured level on each server first: in run 43c (both servers just loaded) the first two
+# levels read 7-11 % below the later ones on either server; skipped when it would leave fewer
+# than two measured levels before DEADLINE_S
+if [ "$WARM_S" -gt 0 ] && [ $((DEADLINE_S - SECONDS)) -ge $((2 * (WARM_S + 20) + 2 * 45)) ]; then
   for s in $up; do
     # shellcheck disable=SC2086
     line=$(timeout $((WARM_S + 60)) python benchmark/benchmark_service.py --url 127.0.0.1:$(($(port $s) + 1)) \
@@ -79,11 +82,11 @@ touch "$end"
 wait
 for s in A B; do python scripts/gpu_busy.py "$OUT/server_$s.log" > "$OUT/gpu_busy_$s.txt" 2>&1; done
 if [ "${PACK_CACHE:-0}" = 1 ]; then
-  # the compile caches, to carry as .gpu-cache/compile.tar.xz: without the compilers' intermediate
-  # files (a Triton kernel loads from its cubin and metadata), xz-compressed (at most 16 MiB
-  # come back from a device call)
-  cache=$(dirname "$TORCHINDUCTOR_CACHE_DIR")
-  find "$cache" -type f \( -name "*.ptx" -o -name "*.ttir" -o -name "*.ttgir" -o -name "*.llir" -o -name "*.source" \) -delete
-  tar cf - -C "$cache" . | xz -T0 -6 > "$OUT/compile.tar.xz" && ls -l "$OUT/compile.tar.xz" >> "$OUT/ab.txt"
+  # the compile caches (scripts/gpu_env.sh's $QWEN3_CACHE), to carry as .gpu-cache/compile.tar.xz:
+  # without the compilers' intermediate files (a Triton kernel loads from its cubin and
+  # metadata), xz-compressed (at most 16 MiB come back from a device call)
+  find "$QWEN3_CACHE/inductor" "$QWEN3_CACHE/triton" -type f \( -name "*.ptx" -o -name "*.ttir" -o -name "*.ttgir" \
+    -o -name "*.llir" -o -name "*.source" \) -delete
+  tar cf - -C "$QWEN3_CACHE" inductor triton | xz -T0 -6 > "$OUT/compile.tar.xz" && ls -l "$OUT/compile.tar.xz" >> "$OUT/ab.txt"
 fi
 cat "$OUT/ab.txt" "$OUT/ab_device.txt"

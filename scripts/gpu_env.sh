@@ -7,18 +7,26 @@
 # 1.7b-customvoice) to $CKPT once.
 export PYTHONUNBUFFERED=1
 PRESET=${PRESET:-1.7b-customvoice}
-# Compile caches in fixed places (inductor's FX-graph and autotuning caches, Triton's kernels),
-# so that a tarball of them can be carried to the next fresh machine: .gpu-cache/compile.tar.xz
-# (git-ignored; scripts/gpu_ab_bench.sh packs it with PACK_CACHE=1) is unpacked here when
-# present, and a server's compiles are then cache hits instead of minutes of work (run 43c, a
-# machine whose caches were warm: both servers ready in 98-100 s against 280 s). It travels only
-# where the working tree leaves room under the device tool's 64 MiB with the bundle and wheels
-# (in run 43 the 7.5 MB tarball did not fit).
-export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/qwen3_cache/inductor}
-export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/qwen3_cache/triton}
-if [ -f .gpu-cache/compile.tar.xz ] && [ ! -e /tmp/qwen3_cache/.unpacked ]; then
-  mkdir -p /tmp/qwen3_cache && tar xJf .gpu-cache/compile.tar.xz -C /tmp/qwen3_cache \
-    && touch /tmp/qwen3_cache/.unpacked && echo "compile cache unpacked: $(du -sh /tmp/qwen3_cache | cut -f1)"
+# Compile caches in one fixed place, $QWEN3_CACHE (inductor's FX-graph and autotuning caches,
+# Triton's kernels), so that a tarball of them can travel to the next machine: a carried
+# .gpu-cache/compile.tar.xz (git-ignored: name .gpu-cache in the device call's carry;
+# scripts/gpu_ab_bench.sh packs it with PACK_CACHE=1) is unpacked here once, under a lock (two
+# servers' scripts source this file side by side). Run 43c, on 43b's machine kept warm (these
+# caches, the checkpoint and the installed wheels all there): both servers ready in 98-100 s
+# against 243-251 s on a fresh machine. A carried tarball has not been tried on a fresh machine:
+# it travels only where the working tree leaves room under the device tool's 64 MiB with the
+# bundle and wheels (in run 43 its 7.5 MB did not fit).
+QWEN3_CACHE=${QWEN3_CACHE:-/tmp/qwen3_cache}
+export TORCHINDUCTOR_CACHE_DIR=$QWEN3_CACHE/inductor TRITON_CACHE_DIR=$QWEN3_CACHE/triton
+mkdir -p "$QWEN3_CACHE"
+if [ -f .gpu-cache/compile.tar.xz ]; then
+  (
+    flock 9
+    if [ ! -e "$QWEN3_CACHE/.unpacked" ]; then
+      tar xJf .gpu-cache/compile.tar.xz -C "$QWEN3_CACHE" && touch "$QWEN3_CACHE/.unpacked" \
+        && echo "compile cache unpacked: $(du -sh "$QWEN3_CACHE" | cut -f1)"
+    fi
+  ) 9> "$QWEN3_CACHE.lock"
 fi
 source .gpu-bundle/activate.sh > /dev/null
 SITE=$TRITON_HOME/venv/lib/python3.12/site-packages

@@ -444,11 +444,12 @@ def test_hold_admission_rule():
 def test_admit_hold_groups_admissions(tiny_checkpoint, ref, loop):
     """With ``admit_hold_ms`` new requests that arrive while another decodes are admitted in one
     group once ``admit_hold_requests`` wait, and a lone one after ``admit_hold_ms``, not never;
-    a request reaching an idle engine is admitted at once. Frames equal the reference."""
+    a request reaching an idle engine is admitted at once. Frames equal the reference. Each decode
+    step is slowed to at least 10 ms, so the long request outlasts the others on any CPU."""
     talker, pad = ref
     d = talker.config.hidden_size
     pe, tr = _prompt(d, 6, 2, seed=70)
-    hold_s = 0.15
+    hold_s = 0.3
 
     def mk(i, mf):
         return TalkerRequest(
@@ -456,25 +457,25 @@ def test_admit_hold_groups_admissions(tiny_checkpoint, ref, loop):
         )
 
     async def run(eng):
-        groups = []  # (size of each admission, seconds the oldest of it waited)
-        admit = eng._admit_many
+        groups = []  # (size of each admission, seconds the oldest of it waited, rows decoding)
+        admit, launch = eng._admit_many, eng._launch_step
 
         def logged(rs):
-            groups.append((len(rs), time.perf_counter() - min(r.t_submit for r in rs)))
+            groups.append((len(rs), time.perf_counter() - min(r.t_submit for r in rs), len(eng._active)))
             return admit(rs)
 
         eng._admit_many = logged
+        eng._launch_step = lambda: time.sleep(0.01) or launch()
         long = asyncio.ensure_future(_collect(eng, mk(0, 85)))  # decodes while the others arrive
         for _ in range(5000):
             if eng.steps >= 2 or long.done():
                 break
             await asyncio.sleep(0.001)
         b = asyncio.ensure_future(_collect(eng, mk(1, 6)))
-        await asyncio.sleep(0.03)
+        await asyncio.sleep(0.01)
         c = asyncio.ensure_future(_collect(eng, mk(2, 6)))
-        got = await asyncio.wait_for(asyncio.gather(b, c), 30)
-        assert not long.done(), "the long request ended before the lone one: the test needs it decoding"
-        got.append(await asyncio.wait_for(_collect(eng, mk(3, 6)), 30))  # alone: waits hold_s
+        got = await asyncio.wait_for(asyncio.gather(b, c), 60)
+        got.append(await asyncio.wait_for(_collect(eng, mk(3, 6)), 60))  # alone: waits hold_s
         await asyncio.wait_for(long, 60)
         return groups, got
 
@@ -488,10 +489,10 @@ def test_admit_hold_groups_admissions(tiny_checkpoint, ref, loop):
     want = _reference(talker, pad, pe, tr, 6, min_new_tokens=6)
     for got in outs:
         np.testing.assert_array_equal(got, want)
-    assert [n for n, _ in groups] == [1, 2, 1], groups
-    assert groups[0][1] < hold_s  # the idle engine admitted the first at once
-    assert groups[1][1] >= 0.03  # the second waited for the third
-    assert groups[2][1] >= hold_s  # a lone one after the hold
+    assert [n for n, _, _ in groups] == [1, 2, 1], groups
+    assert groups[0][1] < hold_s and groups[0][2] == 0  # the idle engine admitted the first at once
+    assert groups[1][1] >= 0.01 and groups[1][2] == 1  # the second waited for the third
+    assert groups[2][1] >= hold_s and groups[2][2] == 1  # a lone one after the hold, beside the long one
 
 
 def test_aborts_free_slots(engine, ref, loop):

@@ -236,7 +236,7 @@ SETTINGS: Tuple[Setting, ...] = (
     Setting(
         "native_admit_hold_ms",
         0,
-        "native engine: while requests decode, hold new requests up to this many milliseconds so that "
+        "native engine: while requests decode, hold new requests up to about this many milliseconds so that "
         "they are admitted together (one prefill and one first-chunk codec call for several), or until "
         "native_admit_hold_requests wait; more audio per GPU-second under load at up to this much more "
         "time to first audio; an idle engine admits at once (0: admit every loop iteration)",
