@@ -35,6 +35,13 @@ end=/tmp/ab_end; rm -f "$end" /tmp/ab_A.ready /tmp/ab_B.ready
 # this call's results only (a machine the device tool kept warm still holds the last call's)
 rm -f "$OUT/ab.txt" "$OUT/ab_device.txt" "$OUT"/ab_*_[AB].json "$OUT"/ab_*_[AB].csv "$OUT"/metrics_ab_*
 port() { if [ "$1" = A ]; then echo 18000; else echo 18100; fi; }
+# one closed-loop level on server $2 within $1 seconds, the rest of the arguments for
+# benchmark_service.py; prints its table line for the level
+level() {
+  local limit=$1 s=$2; shift 2
+  timeout "$limit" python benchmark/benchmark_service.py --url "127.0.0.1:$(($(port "$s") + 1))" --concurrency "$LEVEL" \
+    --fixed-frames "$FRAMES" "$@" --no-progress 2>&1 | grep -E "^ +$LEVEL " | tail -1
+}
 for s in A B; do
   if [ "$s" = A ]; then extra=${A_ARGS:-}; else extra=${B_ARGS:-}; fi
   (TAG=$s PORT=$(port $s) REPO=/tmp/repo_$s READY_FILE=/tmp/ab_$s.ready HOLD=$end LEVELS="" RATES="" \
@@ -54,10 +61,7 @@ echo "both loaded $(date +%T); servers up:$up; A: ${A_ARGS:-(base)}; B: ${B_ARGS
 # than two measured levels before DEADLINE_S
 if [ "$WARM_S" -gt 0 ] && [ $((DEADLINE_S - SECONDS)) -ge $((2 * (WARM_S + 20) + 2 * 45)) ]; then
   for s in $up; do
-    # shellcheck disable=SC2086
-    line=$(timeout $((WARM_S + 60)) python benchmark/benchmark_service.py --url 127.0.0.1:$(($(port $s) + 1)) \
-      --concurrency "$LEVEL" --fixed-frames "$FRAMES" --duration "$WARM_S" --warmup 1 --no-progress 2>&1 | grep -E "^ +$LEVEL " | tail -1)
-    echo "warm-up $s $(date +%T) $line" >> "$OUT/ab.txt"
+    echo "warm-up $s $(date +%T) $(level $((WARM_S + 60)) "$s" --duration "$WARM_S" --warmup 1)" >> "$OUT/ab.txt"
   done
 fi
 i=0
@@ -69,9 +73,8 @@ for s in $ORDER; do
   if [ "$left" -lt 80 ]; then echo "$i $s not measured: ${left}s left before DEADLINE_S" >> "$OUT/ab.txt"; continue; fi
   curl -s "localhost:$((p + 2))/metrics" | grep -E "^qwen3_tts" > "$OUT/metrics_ab_${i}_${s}_before.txt"
   # shellcheck disable=SC2086
-  line=$(timeout $((left - 20 < 300 ? left - 20 : 300)) python benchmark/benchmark_service.py --url 127.0.0.1:$((p + 1)) --concurrency "$LEVEL" \
-    --fixed-frames "$FRAMES" ${SERVICE_ARGS:---duration 30 --warmup 1} --out-json "$OUT/ab_${i}_$s.json" \
-    --out-csv "$OUT/ab_${i}_$s.csv" --no-progress 2>&1 | grep -E "^ +$LEVEL " | tail -1)
+  line=$(level $((left - 20 < 300 ? left - 20 : 300)) "$s" ${SERVICE_ARGS:---duration 30 --warmup 1} \
+    --out-json "$OUT/ab_${i}_$s.json" --out-csv "$OUT/ab_${i}_$s.csv")
   echo "$i $s $(date +%T) $line" >> "$OUT/ab.txt"
   sleep 2  # the tts exports its counters once a second
   curl -s "localhost:$((p + 2))/metrics" | grep -E "^qwen3_tts" > "$OUT/metrics_ab_${i}_${s}_after.txt"

@@ -218,6 +218,7 @@ class _Req:
     generated: int = 0
     chunks: List[Tuple[float, int]] = field(default_factory=list)  # (client arrival, samples)
     t_end: Optional[float] = None
+    t_wait: float = 0.0  # when it reached the engine's queue (the admission hold counts from here)
 
 
 @dataclass
@@ -288,7 +289,7 @@ def simulate(
                     threads_free[k] = max(threads_free[k], t_arr) + costs.prompt_ms / 1000
                     heapq.heappush(arrivals, (threads_free[k], rid))
                     continue
-            r.t_wait = now  # when it reached the engine's queue (the hold counts from here)
+            r.t_wait = now
             waiting.append(r)
         if not waiting and not active and not any(r.state.pending for r in live.values()):
             if not arrivals:
@@ -476,9 +477,17 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--prompt-ms", type=float, default=None, help="prompt build time (default: the cost table's)")
     ap.add_argument(
-        "--admit-hold-ms", type=float, default=0.0, help="the engine's admission hold (native_admit_hold_ms)"
+        "--admit-hold-ms",
+        type=float,
+        default=default("native_admit_hold_ms"),
+        help="the engine's admission hold (the native_admit_hold_ms setting)",
     )
-    ap.add_argument("--admit-hold-requests", type=int, default=8, help="native_admit_hold_requests")
+    ap.add_argument(
+        "--admit-hold-requests",
+        type=int,
+        default=default("native_admit_hold_requests"),
+        help="the native_admit_hold_requests setting",
+    )
     ap.add_argument("--json", help="write the levels here")
     args = ap.parse_args(argv)
     costs = H100_CODEC_COMPILED if args.codec == "compiled" else H100
