@@ -10,7 +10,9 @@
 # ab_device.txt); the logs' stats lines, every 30 s, from scripts/gpu_busy.py.
 #   env: A_ARGS, B_ARGS (build_model_repository.py flags of each, added to run 39c's
 #        configuration in BASE_ARGS), LEVEL (default 64), FRAMES (default 200), SERVICE_ARGS
-#        (default "--duration 30 --warmup 1"), ORDER (default "A B B A"), WARM_S (default 15: an
+#        (default "--duration 30 --warmup 1"), ORDER (default "A B B A"; a token S@R is an open
+#        loop on server S instead: Poisson arrivals at R req/s of OPEN_FRAMES-frame clips,
+#        default 50, with OPEN_ARGS, default "--duration 12 --warmup 2 --streams 128"), WARM_S (default 15: an
 #        unmeasured level of that many seconds on each server first), READY_S (default 360:
 #        each server's wait for readiness), DEADLINE_S (default 570: from this script's start, a
 #        level that could not end by then is not started, so that a device call of 600 s keeps
@@ -35,12 +37,19 @@ end=/tmp/ab_end; rm -f "$end" /tmp/ab_A.ready /tmp/ab_B.ready
 # this call's results only (a machine the device tool kept warm still holds the last call's)
 rm -f "$OUT/ab.txt" "$OUT/ab_device.txt" "$OUT"/ab_*_[AB].json "$OUT"/ab_*_[AB].csv "$OUT"/metrics_ab_*
 port() { if [ "$1" = A ]; then echo 18000; else echo 18100; fi; }
-# one closed-loop level on server $2 within $1 seconds, the rest of the arguments for
-# benchmark_service.py; prints its table line for the level
+# one level on server $2 within $1 seconds: closed loop at LEVEL streams when $3 is empty, else an
+# open loop at $3 req/s; the rest of the arguments for benchmark_service.py; prints its table line
 level() {
-  local limit=$1 s=$2; shift 2
-  timeout "$limit" python benchmark/benchmark_service.py --url "127.0.0.1:$(($(port "$s") + 1))" --concurrency "$LEVEL" \
-    --fixed-frames "$FRAMES" "$@" --no-progress 2>&1 | grep -E "^ +$LEVEL " | tail -1
+  local limit=$1 s=$2 rate=$3 key; shift 3
+  local load=(--concurrency "$LEVEL" --fixed-frames "$FRAMES")
+  key=$LEVEL
+  if [ -n "$rate" ]; then
+    # shellcheck disable=SC2206
+    load=(--rate "$rate" --fixed-frames "${OPEN_FRAMES:-50}" ${OPEN_ARGS:---duration 12 --warmup 2 --streams 128})
+    key=$rate
+  fi
+  timeout "$limit" python benchmark/benchmark_service.py --url "127.0.0.1:$(($(port "$s") + 1))" "${load[@]}" \
+    "$@" --no-progress 2>&1 | grep -E "^ +$key " | tail -1
 }
 for s in A B; do
   if [ "$s" = A ]; then extra=${A_ARGS:-}; else extra=${B_ARGS:-}; fi
@@ -61,21 +70,28 @@ echo "both loaded $(date +%T); servers up:$up; A: ${A_ARGS:-(base)}; B: ${B_ARGS
 # than two measured levels before DEADLINE_S
 if [ "$WARM_S" -gt 0 ] && [ $((DEADLINE_S - SECONDS)) -ge $((2 * (WARM_S + 20) + 2 * 45)) ]; then
   for s in $up; do
-    echo "warm-up $s $(date +%T) $(level $((WARM_S + 60)) "$s" --duration "$WARM_S" --warmup 1)" >> "$OUT/ab.txt"
+    echo "warm-up $s $(date +%T) $(level $((WARM_S + 60)) "$s" "" --duration "$WARM_S" --warmup 1)" >> "$OUT/ab.txt"
   done
 fi
 i=0
-for s in $ORDER; do
+for tok in $ORDER; do
   i=$((i + 1))
+  s=${tok%@*} rate=""
+  [ "$s" != "$tok" ] && rate=${tok#*@}
   [[ " $up " == *" $s "* ]] || continue
-  p=$(port $s)
+  p=$(port "$s")
   left=$((DEADLINE_S - SECONDS))
   if [ "$left" -lt 80 ]; then echo "$i $s not measured: ${left}s left before DEADLINE_S" >> "$OUT/ab.txt"; continue; fi
   curl -s "localhost:$((p + 2))/metrics" | grep -E "^qwen3_tts" > "$OUT/metrics_ab_${i}_${s}_before.txt"
-  # shellcheck disable=SC2086
-  line=$(level $((left - 20 < 300 ? left - 20 : 300)) "$s" ${SERVICE_ARGS:---duration 30 --warmup 1} \
-    --out-json "$OUT/ab_${i}_$s.json" --out-csv "$OUT/ab_${i}_$s.csv")
-  echo "$i $s $(date +%T) $line" >> "$OUT/ab.txt"
+  if [ -n "$rate" ]; then
+    line=$(level $((left - 20 < 300 ? left - 20 : 300)) "$s" "$rate" --out-json "$OUT/ab_${i}_$s.json" \
+      --out-csv "$OUT/ab_${i}_$s.csv")
+  else
+    # shellcheck disable=SC2086
+    line=$(level $((left - 20 < 300 ? left - 20 : 300)) "$s" "" ${SERVICE_ARGS:---duration 30 --warmup 1} \
+      --out-json "$OUT/ab_${i}_$s.json" --out-csv "$OUT/ab_${i}_$s.csv")
+  fi
+  echo "$i $tok $(date +%T) $line" >> "$OUT/ab.txt"
   sleep 2  # the tts exports its counters once a second
   curl -s "localhost:$((p + 2))/metrics" | grep -E "^qwen3_tts" > "$OUT/metrics_ab_${i}_${s}_after.txt"
   { echo "$i $s"; python scripts/metrics_split.py --pairs "$OUT/metrics_ab_${i}_${s}_before.txt" \

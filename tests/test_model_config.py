@@ -130,6 +130,7 @@ def test_talker_split_k_range():
         ("native_deep_overlap_rows", "-2", "0 to 65536"),
         ("native_admit_hold_ms", "1001", "0 to 1000"),
         ("native_admit_hold_requests", "0", "1 to 65536"),
+        ("native_admit_hold_min_rows", "0", "1 to 65536"),
         ("engine_cpu_threads", "257", "0 to 256"),
         ("fused_buffer_ms", "10", "20 to 60000"),
         ("max_num_seqs", "0", "1 to 1024"),

@@ -139,7 +139,7 @@ def test_greedy_matches_reference_join_and_leave(engine, ref, loop):
         dict(overlap_steps=False),
         dict(deep_overlap_rows=2),
         dict(admit_after_step=True),
-        dict(admit_hold_ms=40.0, admit_hold_requests=2),
+        dict(admit_hold_ms=40.0, admit_hold_requests=2, admit_hold_min_rows=2),
         dict(loop_thread=False),
     ],
     ids=[
@@ -439,6 +439,10 @@ def test_hold_admission_rule():
     assert not hold_admission(20.0, 8, **{**kw, "waiting": 3, "free": 3})  # they fill the free slots
     assert hold_admission(20.0, 8, **{**kw, "waiting": 3, "free": 4})
     assert not hold_admission(20.0, 8, **{**kw, "free": 0})  # nothing to admit into anyway
+    # admit_hold_min_rows: only while at least that many rows decode
+    assert hold_admission(20.0, 8, **kw, min_rows=4)
+    assert not hold_admission(20.0, 8, **kw, min_rows=5)  # a lightly loaded engine admits at once
+    assert not hold_admission(20.0, 8, **{**kw, "active": 0}, min_rows=0)  # idle: at once, whatever min_rows
 
 
 def test_admit_hold_groups_admissions(tiny_checkpoint, ref, loop):
@@ -493,6 +497,48 @@ def test_admit_hold_groups_admissions(tiny_checkpoint, ref, loop):
     assert groups[0][1] < hold_s and groups[0][2] == 0  # the idle engine admitted the first at once
     assert groups[1][1] >= 0.01 and groups[1][2] == 1  # the second waited for the third
     assert groups[2][1] >= hold_s and groups[2][2] == 1  # a lone one after the hold, beside the long one
+
+
+def test_admit_hold_min_rows_admits_at_once_below_it(tiny_checkpoint, ref, loop):
+    """With ``admit_hold_min_rows`` 2 a request arriving while one row decodes is admitted at
+    once, not after ``admit_hold_ms`` (a second long one): the hold is for a busy engine only."""
+    talker, pad = ref
+    pe, tr = _prompt(talker.config.hidden_size, 6, 2, seed=71)
+    hold_s = 1.0
+
+    def mk(i, mf):
+        return TalkerRequest(
+            request_id=f"m{i}", prompt_embeds=pe, trailing=tr, max_frames=mf, greedy=True, min_new_tokens=mf
+        )
+
+    async def run(eng):
+        waits = []  # (seconds the oldest of each admission waited, rows decoding)
+        admit, launch = eng._admit_many, eng._launch_step
+
+        def logged(rs):
+            waits.append((time.perf_counter() - min(r.t_submit for r in rs), len(eng._active)))
+            return admit(rs)
+
+        eng._admit_many = logged
+        eng._launch_step = lambda: time.sleep(0.01) or launch()
+        long = asyncio.ensure_future(_collect(eng, mk(0, 85)))
+        for _ in range(5000):
+            if eng.steps >= 2 or long.done():
+                break
+            await asyncio.sleep(0.001)
+        got = await asyncio.wait_for(_collect(eng, mk(1, 6)), 60)
+        await asyncio.wait_for(long, 60)
+        return waits, got
+
+    cfg = _cfg(admit_hold_ms=hold_s * 1000, admit_hold_requests=8, admit_hold_min_rows=2)
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, cfg))
+    try:
+        waits, got = loop.run_until_complete(run(eng))
+    finally:
+        eng.shutdown()
+    np.testing.assert_array_equal(got, _reference(talker, pad, pe, tr, 6, min_new_tokens=6))
+    assert len(waits) == 2 and waits[1][1] == 1, waits  # admitted beside the long one
+    assert waits[1][0] < hold_s / 2, waits  # at once, not after the hold
 
 
 def test_aborts_free_slots(engine, ref, loop):

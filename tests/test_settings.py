@@ -38,6 +38,7 @@ MODEL_FIELDS = {
         "native_admit_after_step": "native_admit_after_step",
         "native_admit_hold_ms": "native_admit_hold_ms",
         "native_admit_hold_requests": "native_admit_hold_requests",
+        "native_admit_hold_min_rows": "native_admit_hold_min_rows",
         "native_prefill_kernel_rows": "native_prefill_kernel_rows",
         "prompt_device": "prompt_device",
     },

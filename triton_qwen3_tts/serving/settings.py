@@ -254,6 +254,15 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_admit_hold_min_rows",
+        1,
+        "native engine with native_admit_hold_ms: hold new requests only while at least this many rows "
+        "decode, so that a lightly loaded engine admits at once and only a busy one groups admissions",
+        lo=1,
+        hi=65536,
+        group="talker",
+    ),
+    Setting(
         "native_loop_thread",
         True,
         "native engine: run the scheduler loop on a thread of its own, handing each iteration's "

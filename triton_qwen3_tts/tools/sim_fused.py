@@ -242,10 +242,11 @@ def simulate(
     max_num_seqs: int = 64,
     admit_hold_ms: float = 0.0,
     admit_hold_requests: int = 8,
+    admit_hold_min_rows: int = 1,
 ) -> dict:
     """Run ``load`` through the modelled loop; returns :func:`aggregate`'s level summary (of
     the requests sent after the warm-up) plus the codec calls' statistics. ``admit_hold_ms`` /
-    ``admit_hold_requests``: the engine's admission hold (``engines/native/admission.py``, the
+    ``admit_hold_requests`` / ``admit_hold_min_rows``: the engine's admission hold (``engines/native/admission.py``, the
     same rule)."""
     policy = replace(policy)  # its alternation state is per run
     rng = random.Random(load.seed)
@@ -304,6 +305,7 @@ def simulate(
             free=max_num_seqs - len(live),
             active=len(active),
             waited_ms=(now - waiting[0].t_wait) * 1000,
+            min_rows=admit_hold_min_rows,
         )
         while not held and waiting and len(live) + len(admits) < max_num_seqs:
             admits.append(waiting.popleft())
@@ -488,6 +490,12 @@ def main(argv=None) -> int:
         default=default("native_admit_hold_requests"),
         help="the native_admit_hold_requests setting",
     )
+    ap.add_argument(
+        "--admit-hold-min-rows",
+        type=int,
+        default=default("native_admit_hold_min_rows"),
+        help="the native_admit_hold_min_rows setting",
+    )
     ap.add_argument("--json", help="write the levels here")
     args = ap.parse_args(argv)
     costs = H100_CODEC_COMPILED if args.codec == "compiled" else H100
@@ -505,7 +513,11 @@ def main(argv=None) -> int:
     # the case label and MEASURED's key
     table = "run33" if costs is H100_RUN33 else "run43" if costs is H200_RUN43 else args.codec
     shown = args.calibrate or table == "run33"
-    hold = dict(admit_hold_ms=args.admit_hold_ms, admit_hold_requests=args.admit_hold_requests)
+    hold = dict(
+        admit_hold_ms=args.admit_hold_ms,
+        admit_hold_requests=args.admit_hold_requests,
+        admit_hold_min_rows=args.admit_hold_min_rows,
+    )
     print("simulated (not measured):", HEADER, sep="\n")
     out = []
     for c in args.streams:

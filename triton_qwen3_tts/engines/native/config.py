@@ -104,6 +104,9 @@ class NativeEngineConfig:
       first-chunk codec call and host work the GPU may wait for, whatever the number of prompts
       it takes, so fewer, larger admissions give more audio per GPU-second at up to this much
       more time to first audio. An idle engine admits at once. 0: admit every iteration.
+    * ``admit_hold_min_rows``: the hold applies only while at least this many rows decode: a
+      saturated GPU gains from fewer admissions, a lightly loaded one would only add the wait
+      to the time to first audio.
     * ``loop_thread``: the scheduler loop runs on a thread of its own and hands each iteration's
       frames to the event loop without waiting for it, so the event loop's work runs while the
       loop waits for the GPU (engine module docstring); False: an asyncio task runs each
@@ -137,6 +140,7 @@ class NativeEngineConfig:
     admit_after_step: bool = False
     admit_hold_ms: float = 0.0
     admit_hold_requests: int = 8
+    admit_hold_min_rows: int = 1
     loop_thread: bool = True
 
     def __post_init__(self):
@@ -150,6 +154,7 @@ class NativeEngineConfig:
             "max_top_k",
             "prefill_max_tokens",
             "admit_hold_requests",
+            "admit_hold_min_rows",
         ):
             if not _pos_int(getattr(self, f)):
                 bad(f, f"must be a positive int, got {getattr(self, f)!r}")

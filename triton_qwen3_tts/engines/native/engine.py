@@ -784,6 +784,7 @@ class NativeEngine:
                 free=free,
                 active=len(self._active),
                 waited_ms=(time.perf_counter() - self._waiting[0].t_submit) * 1000.0,
+                min_rows=c.admit_hold_min_rows,
             ):
                 return admits
             while self._waiting and len(admits) < free:

@@ -82,6 +82,7 @@ async def make_engine(cfg: TalkerModelConfig):
             admit_after_step=cfg.native_admit_after_step,
             admit_hold_ms=float(cfg.native_admit_hold_ms),
             admit_hold_requests=cfg.native_admit_hold_requests,
+            admit_hold_min_rows=cfg.native_admit_hold_min_rows,
             prefill_kernel_rows=cfg.native_prefill_kernel_rows,
             pdl=cfg.native_pdl,
             split_k=cfg.native_split_k,
