@@ -62,6 +62,28 @@ def test_find_stubs_in_a_fake_proc(tmp_path):
     assert [s.pid for s in find_stubs(None, None, proc=str(tmp_path))] == [10, 12, 11]
 
 
+def test_find_stubs_skips_processes_a_stub_forked(tmp_path):
+    """A process forked by a stub (vLLM, torch, multiprocessing) has the stub's command line until
+    it execs: only the server's own child is the stub, so the fork's exit is not the stub's death."""
+    procs = {
+        10: 5,  # the talker stub, started by the server (pid 5)
+        30: 10,  # forked by the stub
+        31: 30,  # forked by that fork
+        32: 1,  # a fork whose parent exited: reparented to init
+    }
+    for pid, ppid in procs.items():
+        d = tmp_path / str(pid)
+        d.mkdir()
+        (d / "cmdline").write_bytes(_cmdline("talker", "talker_0_0", 5))
+        (d / "stat").write_text(f"{pid} (triton_python_b) S {ppid} 1 1")
+    assert find_stubs(5, ["talker"], proc=str(tmp_path)) == [Stub(10, "talker", "talker_0_0", 5)]
+    assert find_stubs(None, None, proc=str(tmp_path)) == [Stub(10, "talker", "talker_0_0", 5)]
+    w = StubWatch(5, ["talker"], find=lambda parent, models: find_stubs(parent, models, proc=str(tmp_path)))
+    w.poll()
+    (tmp_path / "30" / "stat").write_text("30 (triton_python_b) Z 10 1 1")  # the fork exits
+    assert w.poll() == [] and set(w.seen) == {10}
+
+
 def test_stub_watch_reports_each_death_once():
     alive = {1: True, 2: True}
     stubs = [Stub(1, "talker", "talker_0_0", 9), Stub(2, "codec_decoder", "codec_decoder_0_0", 9)]

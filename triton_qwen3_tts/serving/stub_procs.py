@@ -108,7 +108,8 @@ def is_alive(pid: int, proc: str = "/proc") -> bool:
 def find_stubs(
     parent_pid: Optional[int] = None, models: Optional[Iterable[str]] = None, proc: str = "/proc"
 ) -> List[Stub]:
-    """Live stub processes, optionally only those of the server ``parent_pid`` and of ``models``."""
+    """Live stub processes, optionally only those of the server ``parent_pid`` and of ``models``;
+    processes forked by a stub, which share its command line, are not stubs."""
     wanted = None if models is None else set(models)
     out = []
     for pid in pids(proc):
@@ -120,7 +121,12 @@ def find_stubs(
             continue
         if wanted is not None and stub.model not in wanted:
             continue
-        if is_alive(stub.pid, proc):
+        # The server forks each stub itself and the stub keeps that pid (``bash -c "exec STUB ..."``),
+        # so a stub's parent is the server it names. A process the stub forks (torch, vLLM,
+        # multiprocessing) carries the stub's command line until it execs; its parent is the stub,
+        # or init once the stub is gone: not a stub, and its exit is no stub's death.
+        f = proc_stat(pid, proc)
+        if f is not None and f.state not in _GONE and f.ppid == stub.parent_pid:
             out.append(stub)
     return sorted(out, key=lambda s: (s.instance, s.pid))
 
