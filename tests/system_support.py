@@ -3,6 +3,7 @@
 import os
 import re
 import socket
+import time
 import urllib.request
 
 import torch
@@ -18,10 +19,64 @@ def free_ports(n):
     return ports
 
 
+def start_on_free_ports(start, n, attempts=3):
+    """``start(ports)`` with ``n`` ports from :func:`free_ports`; returns what it returns.
+    The ports are free when chosen, not reserved: another process may bind one (an outgoing
+    connection's ephemeral port, another test's server) before the server does, which then fails
+    with "already in use". That failure, and only that one, is retried on fresh ports, up to
+    ``attempts`` starts in all; any other error, or the last attempt's, is raised as it is."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return start(free_ports(n))
+        except Exception as e:
+            if "already in use" not in str(e) or attempt == attempts:
+                raise
+
+
+def start_triton(repo, log_path, ready_timeout=300.0):
+    """The real tritonserver on ``repo``, on free ports (:func:`start_on_free_ports`), ready and with
+    its metrics service up. Each attempt appends to ``log_path``; a failure's message carries the
+    failed start's error lines. Returns the launcher's server; call ``.stop()``."""
+    from triton_qwen3_tts.tools import launcher
+
+    def start(ports):
+        server = launcher.start_server(str(repo), *ports, str(log_path), ready_timeout=ready_timeout)
+        try:
+            _wait_metrics(server)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    return start_on_free_ports(start, 3)
+
+
+def _wait_metrics(server, timeout=30.0):
+    """Wait until the server's metrics port answers. Triton answers ready before it starts its
+    metrics service; when that port is taken it logs "failed to start Metrics service: ...
+    already in use" and exits about a second later, so ready alone does not prove a good start."""
+    from triton_qwen3_tts.tools.launcher import LaunchError
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if server.proc.poll() is not None:
+            raise LaunchError(
+                f"tritonserver exited with code {server.proc.returncode} after it was ready; {server.log_causes()}"
+            )
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"no metrics on port {server.metrics_port} after {timeout:.0f} s; {server.log_causes()}"
+                )
+            time.sleep(0.2)
+
+
 def start_tts_server(checkpoint, work, **settings):
     """Build a CPU repository for ``checkpoint`` (Python codec) and start the real server on it.
     ``settings`` override RepositorySettings fields. Returns the server; call ``.stop()``."""
-    from triton_qwen3_tts.tools import launcher
     from triton_qwen3_tts.serving.repository import RepositorySettings, build_repository
 
     # small limits: the talker context sized from them (max_model_len 0 = from the limits) fits the
@@ -45,20 +100,7 @@ def start_tts_server(checkpoint, work, **settings):
     repo = build_repository(RepositorySettings(**kw), str(work / "repo"))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    # free_ports' ports are free when chosen, not reserved: another process may bind one (an
-    # outgoing connection's ephemeral port) before tritonserver does, which then exits with
-    # "already in use"; that, and only that, is retried on fresh ports
-    for attempt in range(3):
-        http, grpc, metrics = free_ports(3)
-        log = work / ("server.log" if attempt == 0 else f"server.retry{attempt}.log")
-        try:
-            srv = launcher.start_server(repo, http, grpc, metrics, str(log), ready_timeout=600)
-            break
-        except launcher.LaunchError as e:
-            if "already in use" not in str(e) or attempt == 2:
-                raise
-    srv.metrics_port = metrics
-    return srv
+    return start_triton(repo, work / "server.log", ready_timeout=600)
 
 
 def make_reference(checkpoint):

@@ -4,7 +4,7 @@ import os
 import textwrap
 
 import pytest
-from system_support import free_ports
+from system_support import free_ports, start_triton
 
 from triton_qwen3_tts.tools import launcher
 
@@ -41,10 +41,7 @@ def test_server_starts_serves_and_stops(tmp_path):
     (repo / "1").mkdir(parents=True)
     (repo / "config.pbtxt").write_text(CONFIG)
     (repo / "1" / "model.py").write_text(ECHO)
-    http, grpc, metrics = free_ports(3)
-    server = launcher.start_server(
-        str(tmp_path / "repo"), http, grpc, metrics, str(tmp_path / "server.log"), ready_timeout=120
-    )
+    server = start_triton(tmp_path / "repo", tmp_path / "server.log", ready_timeout=120)
     try:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         x = np.arange(5, dtype=np.float32)
