@@ -186,6 +186,16 @@ def test_fused_audio_equals_frames_decoded_whole_admitting_after_the_step(tiny_c
         p.shutdown()
 
 
+def test_fused_audio_equals_frames_decoded_whole_admitting_after_the_codec_call(tiny_checkpoint, plain, decoder, loop):
+    """The engine launching the codec call before admitting new requests beside running ones
+    (``admit_after_codec``; the order itself: tests/test_native_engine.py): the same audio."""
+    p = _pipe(tiny_checkpoint, loop, decoder, first_chunk_frames=2, engine_kw={"admit_after_codec": True})
+    try:
+        _check_audio_equals_frames(p, plain, decoder, loop, first=2)
+    finally:
+        p.shutdown()
+
+
 def test_fused_audio_equals_frames_decoded_whole_admissions_held(tiny_checkpoint, plain, decoder, loop):
     """The engine holding new requests back to admit them together (``admit_hold_ms``; the
     grouping itself: tests/test_native_engine.py): the same audio."""

@@ -427,6 +427,66 @@ def test_concurrent_eos_with_steps_in_flight(tiny_checkpoint, ref, loop, unread,
         assert eng.stats()["active"] == 0 and not eng._inflight
 
 
+class _LoggingCowork:
+    """A co-worker that makes a "codec call" in every iteration and only logs it."""
+
+    frames_to_cowork = False
+
+    def __init__(self, log, iteration):
+        self.log, self.iteration = log, iteration
+
+    def on_events(self, events):
+        pass
+
+    def run(self, busy):
+        self.log.append((self.iteration(), "codec"))
+        return True
+
+    def finish(self):
+        pass
+
+    def has_work(self):
+        return False
+
+    def dispatch(self):
+        pass
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["admit_first", "admit_after_codec"])
+def test_admit_after_codec_orders_the_admission_behind_the_codec_call(tiny_checkpoint, ref, loop, after):
+    """With ``admit_after_codec`` an admission beside running requests comes after the
+    co-worker's codec launch in its iteration (without it, before), and an idle engine's first;
+    the new requests join that iteration's step either way, frames equal to the reference."""
+    talker, pad = ref
+    d = talker.config.hidden_size
+    eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(admit_after_codec=after)))
+    log = []  # (loop iteration, "codec" | ("admit", rows decoding) | "step")
+    it = lambda: eng.loop_time.calls.get("release", 0)  # noqa: E731 -- one "release" lap an iteration
+    eng.cowork = _LoggingCowork(log, it)
+    admit, launch = eng._admit_many, eng._launch_step
+    eng._admit_many = lambda rs: log.append((it(), ("admit", len(eng._active)))) or admit(rs)
+    eng._launch_step = lambda: log.append((it(), "step")) or launch()
+    reqs, wants = [], []
+    for i in range(3):
+        pe, tr = _prompt(d, 5 + i, 2, seed=80 + i)
+        reqs.append(TalkerRequest(request_id=f"a{i}", prompt_embeds=pe, trailing=tr, max_frames=12, greedy=True))
+        wants.append(_reference(talker, pad, pe, tr, 12))
+    try:
+        outs = loop.run_until_complete(_staggered(eng, reqs, [0, 3, 6]))
+    finally:
+        eng.shutdown()
+    for got, want in zip(outs, wants):
+        np.testing.assert_array_equal(got, want)
+    admissions = [(j, i, e[1]) for j, (i, e) in enumerate(log) if isinstance(e, tuple)]
+    assert [rows for _, _, rows in admissions] == [0, 1, 2], log  # the first one into an idle engine
+    for j, i, rows in admissions:
+        codec = [k for k, (ik, e) in enumerate(log) if ik == i and e == "codec"]
+        step = [k for k, (ik, e) in enumerate(log) if ik == i and e == "step"]
+        assert len(codec) == 1 and len(step) == 1, log  # one codec call and one step an iteration
+        assert j < step[0]  # the new request joins this iteration's step
+        assert (codec[0] < j) == (after and rows > 0), log
+
+
 def test_hold_admission_rule():
     """``admit_hold_ms``'s rule, pure: off at 0; never while no row decodes; until the oldest
     has waited ``hold_ms`` or ``hold_requests`` wait (as many as the free slots take)."""

@@ -36,6 +36,7 @@ MODEL_FIELDS = {
         "native_loop_thread": "native_loop_thread",
         "native_deep_overlap_rows": "native_deep_overlap_rows",
         "native_admit_after_step": "native_admit_after_step",
+        "native_admit_after_codec": "native_admit_after_codec",
         "native_admit_hold_ms": "native_admit_hold_ms",
         "native_admit_hold_requests": "native_admit_hold_requests",
         "native_admit_hold_min_rows": "native_admit_hold_min_rows",

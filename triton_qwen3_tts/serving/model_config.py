@@ -176,6 +176,7 @@ class TalkerModelConfig:
     native_loop_thread: bool = default("native_loop_thread")
     native_deep_overlap_rows: int = default("native_deep_overlap_rows")
     native_admit_after_step: bool = default("native_admit_after_step")
+    native_admit_after_codec: bool = default("native_admit_after_codec")
     native_admit_hold_ms: int = default("native_admit_hold_ms")
     native_admit_hold_requests: int = default("native_admit_hold_requests")
     native_admit_hold_min_rows: int = default("native_admit_hold_min_rows")

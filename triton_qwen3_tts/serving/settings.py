@@ -234,6 +234,15 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "native_admit_after_codec",
+        False,
+        "native engine with pipeline fused: while requests decode, launch the codec call (when the "
+        "scheduler makes one) before admitting new ones, so the GPU has it queued while the loop builds "
+        "the admission; the new requests still join the same step, their prefill behind that call "
+        "(false: admit first)",
+        group="talker",
+    ),
+    Setting(
         "native_admit_hold_ms",
         0,
         "native engine: while requests decode, hold new requests up to about this many milliseconds so that "

@@ -98,6 +98,11 @@ class NativeEngineConfig:
       the admission's host work runs while the GPU has that step queued instead of while it may
       run dry; the new requests join the next step (their first frame one step later). An idle
       engine admits first either way.
+    * ``admit_after_codec``: with a co-worker (the fused pipeline's codec), while requests are
+      decoding, the loop launches the co-worker's codec call (when it makes one) before it
+      admits new requests, so the GPU has that call queued behind the running step while the
+      loop does the admission's host work; the new requests still join this iteration's step,
+      their prefill behind the codec call. An idle engine admits first either way.
     * ``admit_hold_ms``: while requests are decoding, new requests wait up to this long (from
       when they entered the queue) to be admitted together, or until ``admit_hold_requests`` of
       them (or as many as there are free slots) wait: each admission costs a prefill launch, a
@@ -138,6 +143,7 @@ class NativeEngineConfig:
     overlap_steps: bool = True
     deep_overlap_rows: int = 0
     admit_after_step: bool = False
+    admit_after_codec: bool = False
     admit_hold_ms: float = 0.0
     admit_hold_requests: int = 8
     admit_hold_min_rows: int = 1
@@ -203,6 +209,7 @@ class NativeEngineConfig:
             "batched_prefill",
             "overlap_steps",
             "admit_after_step",
+            "admit_after_codec",
             "loop_thread",
         ):
             if not isinstance(getattr(self, f), bool):

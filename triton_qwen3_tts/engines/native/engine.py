@@ -693,10 +693,14 @@ class NativeEngine:
         # where one of them may end at its prefill: that read would wait for the step too
         late = bool(live) and c.admit_after_step and c.overlap_steps and bool(self._active)
         late = late and all(_eos_masked_at_prefill(r.req) for r in live)
-        if live and not late:
+        cw = self.cowork
+        # admit_after_codec: beside running requests, the co-worker's codec call is launched
+        # first, so the GPU has it queued behind the running step while the loop builds the
+        # admission; the new requests still join this iteration's step
+        after_codec = bool(live) and not late and c.admit_after_codec and cw is not None and bool(self._active)
+        if live and not late and not after_codec:
             self._admit(live, events)
         lap("admit")
-        cw = self.cowork
         read_first = getattr(cw, "read_first", None)
         if self._inflight and read_first is not None:
             ids = {r.req.request_id for st in self._inflight for r in st.rows if not r.stopped}
@@ -707,6 +711,9 @@ class NativeEngine:
         lap("read_first_tell")
         ran = cw is not None and cw.run(bool(self._active))
         lap("cowork_launch")
+        if after_codec:
+            self._admit(live, events)
+            lap("admit")
         # a co-worker with ``finish`` only launched its GPU work; with the overlap a step goes
         # behind it before the co-worker waits for it
         finish = getattr(cw, "finish", None) if ran else None

@@ -80,6 +80,7 @@ async def make_engine(cfg: TalkerModelConfig):
             loop_thread=cfg.native_loop_thread,
             deep_overlap_rows=cfg.native_deep_overlap_rows,
             admit_after_step=cfg.native_admit_after_step,
+            admit_after_codec=cfg.native_admit_after_codec,
             admit_hold_ms=float(cfg.native_admit_hold_ms),
             admit_hold_requests=cfg.native_admit_hold_requests,
             admit_hold_min_rows=cfg.native_admit_hold_min_rows,
