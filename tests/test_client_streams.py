@@ -446,6 +446,14 @@ def test_benchmark_drained_level_and_underrun_percentage(fake, tmp_path):
     res, out, _ = bench(tmp_path, fake, {}, ["ok"], "--concurrency", "2", "--requests-per-level", "4")
     lvl = res["levels"][0]
     assert lvl["ok"] == 4 and lvl["not_drained"] == 0 and "did NOT drain" not in out
+    # each request names its closed-loop worker, which sends its next one after the last ended
+    by_worker = {}
+    for row in res["requests"]:
+        by_worker.setdefault(row["worker"], []).append((row["t_send"], row["t_send"] + row["latency"]))
+    assert set(by_worker) <= {0, 1} and sum(map(len, by_worker.values())) == 4
+    for spans in by_worker.values():
+        spans.sort()
+        assert all(nxt[0] >= prev[1] for prev, nxt in zip(spans, spans[1:]))
     assert {"underruns_total", "requests_with_underrun"} <= set(lvl)  # the JSON keeps the counts
     assert all(s.stopped == "graceful" for s in FakeStream.all if s.rid)
 

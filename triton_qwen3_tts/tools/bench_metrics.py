@@ -57,6 +57,7 @@ class RequestRecord:
     text_id: str = ""
     level: Optional[float] = None
     scheduled: Optional[float] = None  # open loop: the planned arrival (t_send - scheduled = lateness)
+    worker: Optional[int] = None  # closed loop: the worker (stream) that sent it, one request at a time
 
 
 def audio_seconds(chunks: Sequence[Tuple[float, int]], sample_rate: int = DEFAULT_SAMPLE_RATE) -> float:

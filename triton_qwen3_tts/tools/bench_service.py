@@ -537,6 +537,7 @@ def run_closed(
             if i is None:
                 return
             r = _one_request(clients[k], t0, picker, base_kw, i, a, inflight=inflight)
+            r.worker = k
             with lock:
                 records.append(r)
             bar.update(1)
