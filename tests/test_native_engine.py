@@ -4,6 +4,7 @@ aborts free their slots, seeded sampling is reproducible, limits are refused."""
 
 import asyncio
 import contextlib
+import json
 import random
 import time
 
@@ -910,3 +911,30 @@ def test_slot_reset_and_move_touch_every_table_and_only_their_rows(engine):
             assert not t[2:5].any()
             assert torch.equal(t[0], b[0]) and torch.equal(t[1], b[3])
         m.reset_all()  # the engine's free slots are zeros (other tests share it)
+
+
+def test_admission_profile_script_runs(tiny_checkpoint, tmp_path):
+    """scripts/admission_profile.py (an admission's host time behind a decode step) drives the
+    engine's own admission by hand on the CPU: one result per case and prompt count, each with
+    its host time and timed parts (no GPU step time on the CPU)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "admission_profile.py"
+    spec = importlib.util.spec_from_file_location("admission_profile", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "a.json"
+    n = torch.get_num_threads()
+    try:
+        args = ["--checkpoint", str(tiny_checkpoint), "--device", "cpu", "--prompts", "1", "3"]
+        assert mod.main(args + ["--repeat", "2", "--rows", "2", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(n)
+    res = json.loads(out.read_text())
+    assert [(r["pinned_prompts"], r["busy_thread"], r["prompts"]) for r in res] == [
+        (p, b, k) for p in (False, True) for b in (False, True) for k in (1, 3)
+    ]
+    for r in res:
+        parts = r["admit_rows_ms_p50"] + r["admit_prompts_ms_p50"] + r["admit_prefill_ms_p50"]
+        assert r["host_ms_p50"] > 0 and parts > 0 and r["step_gpu_ms_p50"] is None
