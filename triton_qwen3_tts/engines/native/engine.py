@@ -98,6 +98,7 @@ from typing import AsyncIterator, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from triton_qwen3_tts.engines.base import (
     EngineError,
@@ -229,6 +230,7 @@ class NativeEngine:
         self.pf_graphs = False  # prefill graphs captured (keys ("prefill", P, L) in graphs)
         self._inflight: deque = deque()  # _Launched steps, oldest first (at most three)
         self._host_out: List[torch.Tensor] = []  # three host buffers for out, used in turn
+        self._stage: Dict[torch.dtype, torch.Tensor] = {}  # _h2d_rows' device staging, per dtype
         self.cowork = None  # optional: other work in this loop (module docstring)
         # device time per kind of launch (steps per batch bucket, prefills; the co-worker adds
         # its own): CUDA timing events on a GPU, the host clock on the CPU, from the load on
@@ -521,8 +523,7 @@ class NativeEngine:
                 cols[t].append(v)
             r.slot, r.pos = a + i, L
             self._active.append(r)
-        for t, v in cols.items():  # one copy per table
-            _h2d(t[a : a + P], torch.tensor(v, dtype=t.dtype, pin_memory=pin))
+        self._copy_columns(a, P, cols, pin)
         # the admission's host time in parts (stats()["loop_ms"]): the slots' rows here, each
         # group's prompts and its prefill's launch in _prefill, the rest (the end-of-speech
         # read) in _work's "admit"
@@ -534,6 +535,33 @@ class NativeEngine:
         if all(_eos_masked_at_prefill(r.req) for r in rs):
             return [False] * P
         return self._first_tokens_eos(a, P)
+
+    def _copy_columns(self, a: int, P: int, cols: Dict[torch.Tensor, list], pin: bool) -> None:
+        """Write each per-slot table's values for slots ``a .. a + P - 1``, per dtype in one
+        :meth:`_h2d_rows` (three for the 15 tables)."""
+        groups: Dict[torch.dtype, List[Tuple[torch.Tensor, list]]] = {}
+        for t, v in cols.items():
+            groups.setdefault(t.dtype, []).append((t, v))
+        for dt, items in groups.items():
+            self._h2d_rows([t[a : a + P] for t, _ in items], [v for _, v in items], dt, pin)
+
+    def _h2d_rows(self, dsts: List[torch.Tensor], values: List[list], dtype: torch.dtype, pin: bool) -> None:
+        """``dsts[i][:] = values[i]`` for 1-D device tensors of one ``dtype`` and length: one
+        host tensor (pinned on a GPU), one copy of it into a staging buffer on their device and
+        one multi-tensor copy from there, whatever their number, not a tensor and a copy each.
+        Each torch call lets go of the GIL and takes it back, which beside the engine process's
+        other Python threads costs far more than the call itself (run 44d)."""
+        n, k = len(values), len(values[0])
+        host = torch.tensor(values, dtype=dtype, pin_memory=pin)  # [n, k]
+        stage = self._stage.get(dtype)
+        if stage is None or stage.numel() < n * k:
+            stage = torch.empty(max(n * k, 32 * self.config.max_num_seqs), dtype=dtype, device=dsts[0].device)
+            self._stage[dtype] = stage
+        # contiguous, so the copy from the host is one transfer; on the stream behind the last
+        # copies out of the same buffer
+        src = stage[: n * k].view(n, k)
+        src.copy_(host, non_blocking=pin)
+        torch._foreach_copy_(dsts, list(src.unbind(0)))
 
     def _first_tokens_eos(self, a: int, P: int) -> List[bool]:
         """Whether the prefill's first token of slots ``a .. a + P - 1`` is EOS: a host read,
@@ -592,14 +620,13 @@ class NativeEngine:
         Lmax = max(int(r.prompt.shape[0]) for r in group)
         key = self._pf_key(P, Lmax)
         Pb, Lb = (key[1], key[2]) if key is not None else (P, Lmax)
+        # the prompts padded in a few torch calls, not two per prompt (see _h2d_rows)
         x = torch.zeros(Pb, Lb, m.D, dtype=m.dtype, pin_memory=pin)
-        for i, r in enumerate(group):
-            x[i, : r.prompt.shape[0]] = r.prompt.to(m.dtype)
+        x[:P, :Lmax].copy_(pad_sequence([r.prompt for r in group], batch_first=True))
         _h2d(m.pf_x[: Pb * Lb * m.D], x.view(-1))
         slots = [s0 + i for i in range(P)] + [m.SCR] * (Pb - P)
         last = [int(r.prompt.shape[0]) - 1 for r in group] + [0] * (Pb - P)
-        _h2d(m.pf_slots[:Pb], torch.tensor(slots, dtype=torch.int64, pin_memory=pin))
-        _h2d(m.pf_last[:Pb], torch.tensor(last, dtype=torch.int64, pin_memory=pin))
+        self._h2d_rows([m.pf_slots[:Pb], m.pf_last[:Pb]], [slots, last], torch.int64, pin)
         lap("admit_prompts")
         t0 = self.gpu_time.start()
         if key is not None:
