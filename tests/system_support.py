@@ -3,7 +3,6 @@
 import os
 import re
 import socket
-import time
 import urllib.request
 
 import torch
@@ -35,43 +34,15 @@ def start_on_free_ports(start, n, attempts=3):
 
 def start_triton(repo, log_path, ready_timeout=300.0):
     """The real tritonserver on ``repo``, on free ports (:func:`start_on_free_ports`), ready and with
-    its metrics service up. Each attempt appends to ``log_path``; a failure's message carries the
-    failed start's error lines. Returns the launcher's server; call ``.stop()``."""
+    its metrics service up (``launcher.start_server``). Each attempt appends to ``log_path``; a
+    failure's message carries the failed start's error lines. Returns the launcher's server; call
+    ``.stop()``."""
     from triton_qwen3_tts.tools import launcher
 
     def start(ports):
-        server = launcher.start_server(str(repo), *ports, str(log_path), ready_timeout=ready_timeout)
-        try:
-            _wait_metrics(server)
-        except BaseException:
-            server.stop()
-            raise
-        return server
+        return launcher.start_server(str(repo), *ports, str(log_path), ready_timeout=ready_timeout)
 
     return start_on_free_ports(start, 3)
-
-
-def _wait_metrics(server, timeout=30.0):
-    """Wait until the server's metrics port answers. Triton answers ready before it starts its
-    metrics service; when that port is taken it logs "failed to start Metrics service: ...
-    already in use" and exits about a second later, so ready alone does not prove a good start."""
-    from triton_qwen3_tts.tools.launcher import LaunchError
-
-    deadline = time.monotonic() + timeout
-    while True:
-        if server.proc.poll() is not None:
-            raise LaunchError(
-                f"tritonserver exited with code {server.proc.returncode} after it was ready; {server.log_causes()}"
-            )
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=2).close()
-            return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise LaunchError(
-                    f"no metrics on port {server.metrics_port} after {timeout:.0f} s; {server.log_causes()}"
-                )
-            time.sleep(0.2)
 
 
 def start_tts_server(checkpoint, work, **settings):

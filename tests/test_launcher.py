@@ -135,3 +135,16 @@ def test_a_dead_gateway_stops_the_launcher(tmp_path):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_readiness_waits_for_the_metrics_service_unless_it_is_off():
+    """``wait_ready`` also waits for the metrics port (tritonserver answers ready before it starts
+    that service and exits when its port is taken), except where the command turns metrics off."""
+    from triton_qwen3_tts.tools.launcher import ServerCommand, TritonServer
+
+    def server(*extra):
+        return TritonServer(ServerCommand(["tritonserver", "--metrics-port=1", *extra], {}, "wheel"), 1, 2, 3, "log")
+
+    assert server()._metrics_on()
+    assert not server("--allow-metrics=false")._metrics_on()
+    assert server("--allow-metrics=true")._metrics_on()

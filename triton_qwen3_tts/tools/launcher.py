@@ -194,11 +194,25 @@ class TritonServer:
         except Exception:
             return False
 
+    def metrics_up(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+                return r.status == 200
+        except Exception:
+            return False
+
+    def _metrics_on(self) -> bool:
+        return not any(
+            a.replace(" ", "").lower() in ("--allow-metrics=false", "--allow-metrics=0") for a in self.command.argv
+        )
+
     def wait_ready(self, timeout: float = 300.0, progress=None, every: float = 10.0, cancelled=None) -> None:
-        """Block until the server answers ready. ``progress(seconds)`` is called every ``every``
-        seconds meanwhile. Raises :class:`LaunchError` with the log lines that carry the cause
-        (:meth:`log_causes`) when the server exits first or ``timeout`` passes, and at once when
-        ``cancelled()`` turns true."""
+        """Block until the server answers ready and its metrics service answers too (tritonserver
+        answers ready before it starts that service, and exits when its port is taken).
+        ``progress(seconds)`` is called every ``every`` seconds meanwhile. Raises
+        :class:`LaunchError` with the log lines that carry the cause (:meth:`log_causes`) when
+        the server exits first or ``timeout`` passes, and at once when ``cancelled()`` turns
+        true."""
         t0 = time.monotonic()
         deadline = t0 + timeout
         next_note = t0 + every
@@ -207,7 +221,7 @@ class TritonServer:
                 raise LaunchError(
                     f"tritonserver exited with code {self.proc.returncode} before it was ready; {self.log_causes()}"
                 )
-            if self.is_ready():
+            if self.is_ready() and (not self._metrics_on() or self.metrics_up()):
                 return
             if cancelled is not None and cancelled():
                 raise LaunchError("stopped before the server was ready")
