@@ -26,9 +26,10 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from system_support import free_ports
+from system_support import start_on_free_ports
 
 from triton_qwen3_tts.tools.client import StreamingClient, TtsError, build_inputs
+from triton_qwen3_tts.tools.launcher import LaunchError
 from triton_qwen3_tts.serving.stub_procs import find_stubs_and_workers
 
 pytestmark = pytest.mark.system
@@ -40,8 +41,8 @@ TEXT = "Staying up is the first thing a speech server must do."
 class Supervised:
     """``python -m triton_qwen3_tts.tools.launcher`` on a CPU repository, its output collected."""
 
-    def __init__(self, repo, work):
-        self.http, self.grpc, self.metrics_port = free_ports(3)
+    def __init__(self, repo, work, ports):
+        self.http, self.grpc, self.metrics_port = ports
         self.log = str(work / "server.log")
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_OMP_THREADS_BIND="nobind")
         self.proc = subprocess.Popen(
@@ -88,9 +89,14 @@ class Supervised:
             return False
 
     def wait_ready(self, timeout=300):
+        """Until the launcher says ready (the server ready, its metrics service up). A launcher
+        that exits first raises LaunchError with its last lines (start_on_free_ports retries one
+        that lost a port to another process: "already in use")."""
         t = time.time()
-        while not self.ready():
-            assert self.proc.poll() is None, f"launcher exited: {self.lines[-20:]}"
+        while not any(line.startswith("ready:") for line in self.lines):
+            if self.proc.poll() is not None:
+                time.sleep(0.5)  # the reader thread's last lines
+                raise LaunchError(f"launcher exited: {self.lines[-20:]}")
             assert time.time() - t < timeout, f"not ready after {timeout} s: {self.lines[-20:]}"
             time.sleep(0.5)
 
@@ -158,18 +164,26 @@ def server(request, tiny_checkpoint, tmp_path_factory):
         ),
         str(work / "repo"),
     )
-    srv = Supervised(repo, work)
-    srv.pipeline = request.param
-    try:
+    started = []
+
+    def start(ports):
+        srv = Supervised(repo, work, ports)
+        started.append(srv)
         srv.wait_ready()
+        return srv
+
+    try:
+        srv = start_on_free_ports(start, 3)
+        srv.pipeline = request.param
         yield srv
     finally:
-        if srv.proc.poll() is None:
-            srv.proc.send_signal(signal.SIGTERM)
-            try:
-                srv.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                srv.proc.kill()
+        for srv in started:
+            if srv.proc.poll() is None:
+                srv.proc.send_signal(signal.SIGTERM)
+                try:
+                    srv.proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    srv.proc.kill()
 
 
 def _one(url, **kw):
