@@ -46,7 +46,7 @@ level() {
   if [ -n "$rate" ]; then
     # shellcheck disable=SC2206
     load=(--rate "$rate" --fixed-frames "${OPEN_FRAMES:-50}" ${OPEN_ARGS:---duration 12 --warmup 2 --streams 128})
-    key=$rate
+    key=$(printf '%g' "$rate")  # as the table prints it
   fi
   timeout "$limit" python benchmark/benchmark_service.py --url "127.0.0.1:$(($(port "$s") + 1))" "${load[@]}" \
     "$@" --no-progress 2>&1 | grep -E "^ +$key " | tail -1

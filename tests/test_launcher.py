@@ -147,4 +147,7 @@ def test_readiness_waits_for_the_metrics_service_unless_it_is_off():
 
     assert server()._metrics_on()
     assert not server("--allow-metrics=false")._metrics_on()
-    assert server("--allow-metrics=true")._metrics_on()
+    assert not server("--allow-metrics", "off")._metrics_on()
+    assert server("--allow-metrics=false", "--allow-metrics=true")._metrics_on()  # the last one counts
+    assert server("--metrics-port", "7")._flag("metrics-port") == "7"
+    assert server()._flag("metrics-port") == "1"

@@ -457,7 +457,9 @@ class _LoggingCowork:
 def test_admit_after_codec_orders_the_admission_behind_the_codec_call(tiny_checkpoint, ref, loop, after):
     """With ``admit_after_codec`` an admission beside running requests comes after the
     co-worker's codec launch in its iteration (without it, before), and an idle engine's first;
-    the new requests join that iteration's step either way, frames equal to the reference."""
+    the new requests join that iteration's step either way, frames equal to the reference. Each
+    request is sent once the one before it decodes, and each step takes at least 10 ms, so the
+    three are admitted one at a time beside the earlier ones on any CPU."""
     talker, pad = ref
     d = talker.config.hidden_size
     eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(admit_after_codec=after)))
@@ -466,14 +468,29 @@ def test_admit_after_codec_orders_the_admission_behind_the_codec_call(tiny_check
     eng.cowork = _LoggingCowork(log, it)
     admit, launch = eng._admit_many, eng._launch_step
     eng._admit_many = lambda rs: log.append((it(), ("admit", len(eng._active)))) or admit(rs)
-    eng._launch_step = lambda: log.append((it(), "step")) or launch()
+    eng._launch_step = lambda: log.append((it(), "step")) or time.sleep(0.01) or launch()
     reqs, wants = [], []
-    for i in range(3):
+    for i, mf in enumerate((60, 40, 12)):
         pe, tr = _prompt(d, 5 + i, 2, seed=80 + i)
-        reqs.append(TalkerRequest(request_id=f"a{i}", prompt_embeds=pe, trailing=tr, max_frames=12, greedy=True))
-        wants.append(_reference(talker, pad, pe, tr, 12))
+        reqs.append(
+            TalkerRequest(
+                request_id=f"a{i}", prompt_embeds=pe, trailing=tr, max_frames=mf, greedy=True, min_new_tokens=mf
+            )
+        )
+        wants.append(_reference(talker, pad, pe, tr, mf, min_new_tokens=mf))
+
+    async def run():
+        tasks = []
+        for k, r in enumerate(reqs):
+            for _ in range(5000):  # the ones before it decode
+                if len(eng._active) >= k and eng.steps >= 2 * k:
+                    break
+                await asyncio.sleep(0.001)
+            tasks.append(asyncio.ensure_future(_collect(eng, r)))
+        return await asyncio.wait_for(asyncio.gather(*tasks), 120)
+
     try:
-        outs = loop.run_until_complete(_staggered(eng, reqs, [0, 3, 6]))
+        outs = loop.run_until_complete(run())
     finally:
         eng.shutdown()
     for got, want in zip(outs, wants):

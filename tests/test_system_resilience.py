@@ -96,7 +96,8 @@ class Supervised:
         while not any(line.startswith("ready:") for line in self.lines):
             if self.proc.poll() is not None:
                 time.sleep(0.5)  # the reader thread's last lines
-                raise LaunchError(f"launcher exited: {self.lines[-20:]}")
+                taken = [line for line in self.lines if "already in use" in line]  # retried if any
+                raise LaunchError(f"launcher exited: {taken} {self.lines[-20:]}")
             assert time.time() - t < timeout, f"not ready after {timeout} s: {self.lines[-20:]}"
             time.sleep(0.5)
 

@@ -149,6 +149,12 @@ def server_command(
     )
 
 
+# wait_ready: how long a ready server's metrics service may take to answer before the server
+# counts as ready without it (a taken metrics port makes tritonserver exit about a second after
+# it answered ready)
+METRICS_GRACE_S = 15.0
+
+
 @dataclass
 class TritonServer:
     """A running tritonserver process group. Use as a context manager or call ``stop()``."""
@@ -194,21 +200,34 @@ class TritonServer:
         except Exception:
             return False
 
+    def _flag(self, name: str) -> Optional[str]:
+        """The last value of tritonserver flag ``--name`` on the command line (``--name=v`` or
+        ``--name v``), or None."""
+        argv, value = self.command.argv, None
+        for k, a in enumerate(argv):
+            if a.startswith(f"--{name}="):
+                value = a.split("=", 1)[1]
+            elif a == f"--{name}" and k + 1 < len(argv):
+                value = argv[k + 1]
+        return value
+
     def metrics_up(self) -> bool:
+        """Whether the metrics service answers (on the port the command line gives it last)."""
+        port = self._flag("metrics-port") or self.metrics_port
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
                 return r.status == 200
         except Exception:
             return False
 
     def _metrics_on(self) -> bool:
-        return not any(
-            a.replace(" ", "").lower() in ("--allow-metrics=false", "--allow-metrics=0") for a in self.command.argv
-        )
+        return (self._flag("allow-metrics") or "true").strip().lower() not in ("false", "off", "0", "no")
 
     def wait_ready(self, timeout: float = 300.0, progress=None, every: float = 10.0, cancelled=None) -> None:
-        """Block until the server answers ready and its metrics service answers too (tritonserver
-        answers ready before it starts that service, and exits when its port is taken).
+        """Block until the server answers ready and its metrics service answers too: tritonserver
+        answers ready before it starts that service, and exits when its port is taken. A server
+        whose metrics do not answer within ``METRICS_GRACE_S`` of its readiness (metrics off by a
+        flag this does not read, an address this host cannot reach) counts as ready all the same.
         ``progress(seconds)`` is called every ``every`` seconds meanwhile. Raises
         :class:`LaunchError` with the log lines that carry the cause (:meth:`log_causes`) when
         the server exits first or ``timeout`` passes, and at once when ``cancelled()`` turns
@@ -216,13 +235,16 @@ class TritonServer:
         t0 = time.monotonic()
         deadline = t0 + timeout
         next_note = t0 + every
+        ready_at = None
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
                 raise LaunchError(
                     f"tritonserver exited with code {self.proc.returncode} before it was ready; {self.log_causes()}"
                 )
-            if self.is_ready() and (not self._metrics_on() or self.metrics_up()):
-                return
+            if self.is_ready():
+                ready_at = time.monotonic() if ready_at is None else ready_at
+                if not self._metrics_on() or self.metrics_up() or time.monotonic() - ready_at >= METRICS_GRACE_S:
+                    return
             if cancelled is not None and cancelled():
                 raise LaunchError("stopped before the server was ready")
             now = time.monotonic()

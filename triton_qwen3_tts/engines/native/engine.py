@@ -723,8 +723,10 @@ class NativeEngine:
         cw = self.cowork
         # admit_after_codec: beside running requests, the co-worker's codec call is launched
         # first, so the GPU has it queued behind the running step while the loop builds the
-        # admission; the new requests still join this iteration's step
+        # admission; the new requests still join this iteration's step. Not where one of them
+        # may end at its prefill (that read would wait for the codec call too)
         after_codec = bool(live) and not late and c.admit_after_codec and cw is not None and bool(self._active)
+        after_codec = after_codec and all(_eos_masked_at_prefill(r.req) for r in live)
         if live and not late and not after_codec:
             self._admit(live, events)
         lap("admit")
@@ -733,6 +735,9 @@ class NativeEngine:
             ids = {r.req.request_id for st in self._inflight for r in st.rows if not r.stopped}
             if read_first(ids):
                 events.extend(self._read_launched(0))
+        if after_codec and not self._active:  # that read released every running row: idle, admit first
+            self._admit(live, events)
+            after_codec = False
         told = len(events)
         self._tell(events)
         lap("read_first_tell")
