@@ -63,6 +63,9 @@ def test_missing_repository_is_a_clear_error(tmp_path):
 
 
 def _launch_with_gateway(tmp_path):
+    """The launcher CLI with its gateway on an echo repository, ready; a start that lost a port
+    to another process between free_ports and its bind ("already in use") is retried on fresh
+    ports, three starts in all. Returns (launcher process, gateway port)."""
     import subprocess
     import sys
     import time
@@ -72,32 +75,33 @@ def _launch_with_gateway(tmp_path):
     (repo / "1").mkdir(parents=True)
     (repo / "config.pbtxt").write_text(CONFIG)
     (repo / "1" / "model.py").write_text(ECHO)
-    http, grpc, metrics, gw = free_ports(4)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    out = open(tmp_path / "launcher.txt", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "triton_qwen3_tts.tools.launcher", "--model-repository", str(tmp_path / "repo")]
-        + ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
-        + ["--gateway-port", str(gw), "--log", str(tmp_path / "server.log")]
-        + ["--gateway-log", str(tmp_path / "gateway.log"), "--voices-dir", str(tmp_path / "voices")],
-        env=env,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.time() + 120
-    while True:
-        assert proc.poll() is None, (tmp_path / "launcher.txt").read_text()
-        assert time.time() < deadline, (tmp_path / "launcher.txt").read_text()
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{gw}/health", timeout=2)
-            if "ready:" in (tmp_path / "launcher.txt").read_text():
-                break
-        except OSError:
-            pass
-        time.sleep(0.3)
-    return proc, gw
+    text = tmp_path / "launcher.txt"
+    for attempt in range(3):
+        http, grpc, metrics, gw = free_ports(4)
+        out = open(text, "w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "triton_qwen3_tts.tools.launcher", "--model-repository", str(tmp_path / "repo")]
+            + ["--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics)]
+            + ["--gateway-port", str(gw), "--log", str(tmp_path / "server.log")]
+            + ["--gateway-log", str(tmp_path / "gateway.log"), "--voices-dir", str(tmp_path / "voices")],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.time() + 120
+        while proc.poll() is None:
+            assert time.time() < deadline, text.read_text()
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{gw}/health", timeout=2)
+                if "ready:" in text.read_text():
+                    return proc, gw
+            except OSError:
+                pass
+            time.sleep(0.3)
+        assert "already in use" in text.read_text() and attempt < 2, text.read_text()
 
 
 def test_the_launcher_starts_and_stops_the_gateway(tmp_path):

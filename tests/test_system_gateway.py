@@ -36,30 +36,42 @@ def ref_wave(seconds=2.0, rate=16000):
 
 class Gateway:
     def __init__(self, grpc_url, voices_dir, log_path):
+        self.grpc_url = grpc_url
         self.port = free_ports(1)[0]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = [
-            sys.executable,
-            "-m",
-            "triton_qwen3_tts.gateway.main",
-            "--triton-url",
-            grpc_url,
-            "--port",
-            str(self.port),
-            "--voices-dir",
-            str(voices_dir),
-        ]
         self.voices_dir = str(voices_dir)
         self.log_path = log_path
         self.proc = None
 
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
     def start(self):
+        """Start the gateway and wait for its /health. A port lost to another process between
+        free_ports and the gateway's bind ("already in use" in its log) is retried on a fresh
+        one, three starts in all."""
+        for attempt in range(3):
+            try:
+                return self._start()
+            except AssertionError:
+                with open(self.log_path, "rb") as f:
+                    lost = b"already in use" in f.read()[self._log_at :]
+                if not lost or attempt == 2:
+                    raise
+                self.port = free_ports(1)[0]
+
+    def _start(self):
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        args = [sys.executable, "-m", "triton_qwen3_tts.gateway.main", "--triton-url", self.grpc_url]
+        args += ["--port", str(self.port), "--voices-dir", self.voices_dir]
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self._log_at = self.log.tell()
+        self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:
-            assert self.proc.poll() is None, f"gateway exited; log {self.log_path}"
+            if self.proc.poll() is not None:
+                self.log.close()
+                raise AssertionError(f"gateway exited; log {self.log_path}")
             try:
                 urllib.request.urlopen(self.url + "/health", timeout=2)
                 return self
@@ -307,3 +319,27 @@ def test_voice_survives_a_gateway_restart_and_is_deleted(stack, client, voice):
     assert httpx.delete(f"{gw.url}/v1/audio/voices/{voice}").status_code == 404
     r = httpx.post(gw.url + "/v1/audio/speech", json={"model": "m", "input": TEXT, "voice": voice}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "voice"
+
+
+def test_the_gateway_start_retries_a_port_lost_to_another_process(tmp_path):
+    """A gateway whose port another process bound after free_ports chose it fails to bind
+    ("already in use"); Gateway.start tries again on a fresh port (no Triton needed: /health)."""
+    import socket
+
+    import httpx
+
+    thief = socket.socket()
+    thief.bind(("127.0.0.1", 0))
+    thief.listen()
+    taken = thief.getsockname()[1]
+    gw = Gateway("127.0.0.1:1", tmp_path / "voices", str(tmp_path / "gateway.log"))
+    gw.port = taken
+    try:
+        gw.start()
+        try:
+            assert gw.port != taken and httpx.get(gw.url + "/health").json() == {"status": "ok"}
+            assert b"already in use" in (tmp_path / "gateway.log").read_bytes()
+        finally:
+            gw.stop()
+    finally:
+        thief.close()
