@@ -4,7 +4,7 @@ import os
 import textwrap
 
 import pytest
-from system_support import free_ports, start_triton
+from system_support import start_on_free_ports, start_triton
 
 from triton_qwen3_tts.tools import launcher
 
@@ -63,9 +63,9 @@ def test_missing_repository_is_a_clear_error(tmp_path):
 
 
 def _launch_with_gateway(tmp_path):
-    """The launcher CLI with its gateway on an echo repository, ready; a start that lost a port
-    to another process between free_ports and its bind ("already in use") is retried on fresh
-    ports, three starts in all. Returns (launcher process, gateway port)."""
+    """The launcher CLI with its gateway on an echo repository, ready, on free ports
+    (start_on_free_ports: a start that lost a port to another process before its bind is retried
+    on fresh ones). Returns (launcher process, gateway port)."""
     import subprocess
     import sys
     import time
@@ -78,8 +78,9 @@ def _launch_with_gateway(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
     text = tmp_path / "launcher.txt"
-    for attempt in range(3):
-        http, grpc, metrics, gw = free_ports(4)
+
+    def start(ports):
+        http, grpc, metrics, gw = ports
         out = open(text, "w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "triton_qwen3_tts.tools.launcher", "--model-repository", str(tmp_path / "repo")]
@@ -101,7 +102,9 @@ def _launch_with_gateway(tmp_path):
             except OSError:
                 pass
             time.sleep(0.3)
-        assert "already in use" in text.read_text() and attempt < 2, text.read_text()
+        raise launcher.LaunchError(text.read_text())
+
+    return start_on_free_ports(start, 4)
 
 
 def test_the_launcher_starts_and_stops_the_gateway(tmp_path):

@@ -17,7 +17,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from system_support import free_ports, metric, server_state, start_tts_server, synth, wait_idle
+from system_support import metric, server_state, start_on_free_ports, start_tts_server, synth, wait_idle
 
 pytestmark = [pytest.mark.system, pytest.mark.vllm]
 
@@ -37,7 +37,7 @@ def ref_wave(seconds=2.0, rate=16000):
 class Gateway:
     def __init__(self, grpc_url, voices_dir, log_path):
         self.grpc_url = grpc_url
-        self.port = free_ports(1)[0]
+        self.port = None  # chosen by the first start
         self.voices_dir = str(voices_dir)
         self.log_path = log_path
         self.proc = None
@@ -47,31 +47,28 @@ class Gateway:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self):
-        """Start the gateway and wait for its /health. A port lost to another process between
-        free_ports and the gateway's bind ("already in use" in its log) is retried on a fresh
-        one, three starts in all."""
-        for attempt in range(3):
-            try:
-                return self._start()
-            except AssertionError:
-                with open(self.log_path, "rb") as f:
-                    lost = b"already in use" in f.read()[self._log_at :]
-                if not lost or attempt == 2:
-                    raise
-                self.port = free_ports(1)[0]
+        """Start the gateway and wait for its /health: first on a free port (start_on_free_ports: a
+        port lost to another process before the gateway's bind is retried on a fresh one), again
+        after a stop on the same one (clients hold its URL)."""
+        if self.port is not None:
+            return self._start([self.port])
+        return start_on_free_ports(self._start, 1)
 
-    def _start(self):
+    def _start(self, ports):
+        self.port = ports[0]
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         args = [sys.executable, "-m", "triton_qwen3_tts.gateway.main", "--triton-url", self.grpc_url]
         args += ["--port", str(self.port), "--voices-dir", self.voices_dir]
         self.log = open(self.log_path, "ab")
-        self._log_at = self.log.tell()
+        log_at = self.log.tell()
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 self.log.close()
-                raise AssertionError(f"gateway exited; log {self.log_path}")
+                with open(self.log_path, "rb") as f:
+                    tail = f.read()[log_at:].decode(errors="replace")
+                raise AssertionError(f"gateway exited; log {self.log_path}: {tail[-2000:]}")
             try:
                 urllib.request.urlopen(self.url + "/health", timeout=2)
                 return self
@@ -321,19 +318,22 @@ def test_voice_survives_a_gateway_restart_and_is_deleted(stack, client, voice):
     assert r.status_code == 400 and r.json()["error"]["param"] == "voice"
 
 
-def test_the_gateway_start_retries_a_port_lost_to_another_process(tmp_path):
+def test_the_gateway_start_retries_a_port_lost_to_another_process(tmp_path, monkeypatch):
     """A gateway whose port another process bound after free_ports chose it fails to bind
     ("already in use"); Gateway.start tries again on a fresh port (no Triton needed: /health)."""
     import socket
 
     import httpx
+    import system_support
 
     thief = socket.socket()
     thief.bind(("127.0.0.1", 0))
     thief.listen()
     taken = thief.getsockname()[1]
+    offered = [[taken]]
+    fresh = system_support.free_ports
+    monkeypatch.setattr(system_support, "free_ports", lambda n: offered.pop(0) if offered else fresh(n))
     gw = Gateway("127.0.0.1:1", tmp_path / "voices", str(tmp_path / "gateway.log"))
-    gw.port = taken
     try:
         gw.start()
         try:
