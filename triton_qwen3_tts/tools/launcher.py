@@ -149,6 +149,15 @@ def server_command(
     )
 
 
+def _answers(url: str) -> bool:
+    """Whether a GET of ``url`` answers 200 within 2 s."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
 # wait_ready: how long a ready server's metrics service may take to answer before the server
 # counts as ready without it (a taken metrics port makes tritonserver exit about a second after
 # it answered ready)
@@ -194,11 +203,7 @@ class TritonServer:
         return self
 
     def is_ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
-                return r.status == 200
-        except Exception:
-            return False
+        return _answers(f"http://{self.http_url}/v2/health/ready")
 
     def _flag(self, name: str) -> Optional[str]:
         """The last value of tritonserver flag ``--name`` on the command line (``--name=v`` or
@@ -213,12 +218,7 @@ class TritonServer:
 
     def metrics_up(self) -> bool:
         """Whether the metrics service answers (on the port the command line gives it last)."""
-        port = self._flag("metrics-port") or self.metrics_port
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
-                return r.status == 200
-        except Exception:
-            return False
+        return _answers(f"http://127.0.0.1:{self._flag('metrics-port') or self.metrics_port}/metrics")
 
     def _metrics_on(self) -> bool:
         return (self._flag("allow-metrics") or "true").strip().lower() not in ("false", "off", "0", "no")
