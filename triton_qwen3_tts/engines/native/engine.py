@@ -718,15 +718,15 @@ class NativeEngine:
         # admit_after_step: the running requests' step is launched first and the admission's
         # host work runs while the GPU has it queued; the new requests join the next step. Not
         # where one of them may end at its prefill: that read would wait for the step too
-        late = bool(live) and c.admit_after_step and c.overlap_steps and bool(self._active)
-        late = late and all(_eos_masked_at_prefill(r.req) for r in live)
+        masked = all(_eos_masked_at_prefill(r.req) for r in live)
+        late = bool(live) and c.admit_after_step and c.overlap_steps and bool(self._active) and masked
         cw = self.cowork
         # admit_after_codec: beside running requests, the co-worker's codec call is launched
         # first, so the GPU has it queued behind the running step while the loop builds the
         # admission; the new requests still join this iteration's step. Not where one of them
         # may end at its prefill (that read would wait for the codec call too)
         after_codec = bool(live) and not late and c.admit_after_codec and cw is not None and bool(self._active)
-        after_codec = after_codec and all(_eos_masked_at_prefill(r.req) for r in live)
+        after_codec = after_codec and masked
         if live and not late and not after_codec:
             self._admit(live, events)
         lap("admit")
