@@ -179,6 +179,38 @@ def test_ride_along_due_takes_streams_below_their_buffer_with_a_smaller_chunk():
     assert b.frames == 1 and b.sids == (7,)
 
 
+def test_pad_final_decodes_a_finished_streams_rest_in_one_call():
+    """pad_final: a stream whose talker is done decodes its rest in one call of the smallest
+    frame bucket that holds it (the pipeline pads it), not one call per bucket rounded down;
+    above chunk_frames the rest still goes out in chunk_frames pieces. A finished stream with
+    fewer frames than a batch's rides along in it; without pad_final nothing changes."""
+    now = 4.0
+    s = playing(1, now, slack=2.0, pending=11)
+    s.talker_done = True
+    assert policy().pick([s], now, talker_busy=True).frames == 8  # 11 -> 8, 2, 1: three calls
+    b = policy(pad_final=True).pick([s], now, talker_busy=True)
+    assert b.reason == "done" and b.frames == 16 and b.sids == (1,)
+    assert policy(pad_final=True).fit_up(3) == 4 and policy(pad_final=True).fit_up(4) == 4
+    assert policy(pad_final=True).fit_up(40) == 16 and policy(pad_final=True).fit_up(0) == 0
+    assert policy(frame_buckets=()).fit_up(11) == 11
+    s.pending = 1
+    assert policy(pad_final=True).pick([s], now, talker_busy=True).frames == 1
+    # critical and finished: padded too
+    c = playing(2, now, slack=0.05, pending=5, chunks=5)
+    c.talker_done = True
+    b = policy(pad_final=True).pick([c], now, talker_busy=True)
+    assert b.reason == "critical" and b.frames == 8
+    # a finished stream rides along (padded) in a larger batch that runs anyway; an unfinished
+    # one with as few frames pending does not
+    lead = playing(3, now, slack=0.05, pending=16, chunks=5)  # critical with 16
+    done = playing(4, now, slack=1.5, pending=3, chunks=5)
+    done.talker_done = True
+    short = playing(5, now, slack=0.05, pending=3, chunks=5)
+    streams = [lead, done, short]
+    assert policy(pad_final=True).pick(streams, now, talker_busy=True).sids == (3, 4)
+    assert policy().pick(streams, now, talker_busy=True).sids == (3,)
+
+
 def test_settings_are_checked():
     with pytest.raises(ValueError, match="ride_along must be one of schedule, due"):
         policy(ride_along="all")

@@ -212,6 +212,21 @@ def test_fused_audio_equals_frames_decoded_whole_admissions_held(tiny_checkpoint
         p.shutdown()
 
 
+def test_fused_audio_equals_frames_decoded_whole_last_chunks_padded(tiny_checkpoint, plain, decoder, loop):
+    """``pad_final``: a finished stream's rest goes out in one call, its codes padded to the
+    call's frame count and the padding's audio dropped: the same audio, the padding counted
+    apart from the frames decoded."""
+    p = _pipe(tiny_checkpoint, loop, decoder, first_chunk_frames=2, pad_final=True)
+    try:
+        _check_audio_equals_frames(p, plain, decoder, loop, first=2)
+        st = p.fused_stats
+        assert st.padded > 0
+        assert st.codec_frames == sum([3, 11, 17, 6, 9])
+        assert st.tail.n == 5 and st.first_frame.n == 5
+    finally:
+        p.shutdown()
+
+
 def _check_audio_equals_frames(pipe, plain, decoder, loop, first=1):
     d = plain.hidden
     lengths = [3, 11, 17, 6, 9]  # more streams than talker slots: some wait for a slot

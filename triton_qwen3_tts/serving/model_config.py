@@ -191,6 +191,7 @@ class TalkerModelConfig:
     fused_buffer_ms: int = default("fused_buffer_ms")
     fused_ride_along: str = default("fused_ride_along")
     fused_first_on_device: bool = default("fused_first_on_device")
+    fused_pad_final: bool = default("fused_pad_final")
     first_chunk_frames: int = default("first_chunk_frames")
     chunk_ramp: tuple = int_list(default("chunk_ramp"))
     chunk_frames: int = default("chunk_frames")

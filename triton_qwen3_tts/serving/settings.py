@@ -360,6 +360,14 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "fused_pad_final",
+        False,
+        "pipeline fused: a stream whose talker is done decodes its last frames in one codec call, padded "
+        "to the codec's next frame count and the padding's audio dropped (the same audio), instead of "
+        "one call per power of two of them, each after a talker step (its request ends sooner)",
+        group="talker",
+    ),
+    Setting(
         "fused_first_on_device",
         True,
         "pipeline fused: a stream's first chunk takes its last frame from the talker step still on the "

@@ -332,12 +332,13 @@ def simulate(
             for sid in batch.sids:
                 r = live[sid]
                 s = r.state
-                s.pending -= batch.frames
+                n = min(s.pending, batch.frames)  # fewer: a finished stream's padded rest (pad_final)
+                s.pending -= n
                 if s.t_first is None:
                     s.t_first = now
-                s.delivered += batch.frames
+                s.delivered += n
                 s.chunks += 1
-                r.chunks.append((now + costs.out_ms / 1000 - r.t_send, batch.frames * SAMPLES_PER_FRAME))
+                r.chunks.append((now + costs.out_ms / 1000 - r.t_send, n * SAMPLES_PER_FRAME))
                 if s.finished:
                     r.t_end = now + costs.out_ms / 1000
                     del live[sid]
@@ -387,7 +388,13 @@ def simulate(
 def _policy(args) -> DeadlinePolicy:
     ramp = tuple(int(x) for x in args.chunk_ramp.split(",") if x)
     return deadline_policy(
-        args.first_chunk_frames, ramp, args.chunk_frames, args.buffer_ms, args.codec_max_batch, args.ride_along
+        args.first_chunk_frames,
+        ramp,
+        args.chunk_frames,
+        args.buffer_ms,
+        args.codec_max_batch,
+        args.ride_along,
+        args.pad_final,
     )
 
 
@@ -471,6 +478,12 @@ def main(argv=None) -> int:
     ap.add_argument("--buffer-ms", type=float, default=400)
     ap.add_argument(
         "--ride-along", choices=RIDE_ALONG, default=default("fused_ride_along"), help="the fused_ride_along setting"
+    )
+    ap.add_argument(
+        "--pad-final",
+        type=lambda v: v.lower() in ("1", "true", "yes", "on"),
+        default=default("fused_pad_final"),
+        help="the fused_pad_final setting (true/false)",
     )
     ap.add_argument("--seeds", type=int, default=3, help="open loop: arrival seeds averaged")
     ap.add_argument(

@@ -41,6 +41,15 @@ most urgent first, then (filling the batch) **ride-alongs**, least slack first; 
   instead of a call of its own later. Fewer, fuller codec calls (each costs a few ms however few
   streams it has), at the price of more chunks, none below half their scheduled size (a stream
   finishing with one frame left does not take every other stream's next frame along).
+
+**The last chunk in one call** (``pad_final``). Rounding down to a frame bucket splits a finished
+stream's rest into several calls (15 frames: 8, 4, 2, 1), each after a talker step of its own, and
+its request ends only after the last: a closed-loop client's next request waits for all of them.
+With ``pad_final`` a stream whose talker is done decodes its rest (up to ``chunk_frames``) in one
+call of the smallest frame bucket that holds it; the pipeline pads its codes to that size and
+drops the padding's audio. The codec is causal (a frame's audio never depends on later frames)
+and the stream's state is released after its last chunk, so the audio is the same. A finished
+stream with fewer frames pending than a batch's also rides along in it (padded).
 """
 
 from __future__ import annotations
@@ -93,6 +102,7 @@ class DeadlinePolicy:
     max_batch: int = 64
     frame_buckets: Tuple[int, ...] = ()  # () = any frame count
     ride_along: str = "schedule"  # one of RIDE_ALONG (module docstring)
+    pad_final: bool = False  # a finished stream's rest in one padded call (module docstring)
     _last_was_codec: bool = field(default=False, repr=False)
 
     def __post_init__(self):
@@ -129,6 +139,22 @@ class DeadlinePolicy:
             return n
         return max(b for b in self.frame_buckets if b <= n)
 
+    def fit_up(self, n: int) -> int:
+        """The smallest frame bucket that holds ``n`` frames (``n`` without buckets); above
+        ``chunk_frames`` (or the largest bucket): :meth:`fit`'s size, the rest decoded later."""
+        if n < 1:
+            return 0
+        if n >= self.chunk_frames:
+            return self.fit(n)
+        if not self.frame_buckets:
+            return n
+        return min((b for b in self.frame_buckets if b >= n), default=self.fit(n))
+
+    def final_frames(self, s: StreamState) -> int:
+        """Frames of the next call for a stream whose talker is done: its rest rounded up to a
+        bucket with ``pad_final`` (the pipeline pads the codes), else rounded down."""
+        return self.fit_up(s.pending) if self.pad_final else self.fit(s.pending)
+
     # -- the choice ------------------------------------------------------------------------------
     def candidates(self, streams: Iterable[StreamState], now: float, talker_busy: bool):
         """``(key, reason, frames, stream)`` of every stream that may be decoded now; a lower key
@@ -144,10 +170,11 @@ class DeadlinePolicy:
             slack = s.slack(now)
             # ready: its next chunk (the ramp's size) is pending, or the talker is done with it
             ready = s.pending >= self.fit(self.chunk_size(s.chunks)) or s.talker_done
+            frames = self.final_frames(s) if s.talker_done else self.fit(s.pending)
             if ready and slack < self.urgent_s:
-                out.append(((1, slack), "critical", self.fit(s.pending), s))
+                out.append(((1, slack), "critical", frames, s))
             elif s.talker_done:
-                out.append(((2, slack), "done", self.fit(s.pending), s))
+                out.append(((2, slack), "done", frames, s))
             elif ready and slack < self.buffer_s:
                 out.append(((2, slack), "due", self.fit(s.pending), s))
             elif not talker_busy:
@@ -157,7 +184,11 @@ class DeadlinePolicy:
 
     def _rides_along(self, s: StreamState, frames: int, now: float) -> bool:
         """May ``s`` join a batch of ``frames`` frames per stream (``ride_along``)?"""
-        if s.t_first is None or self.fit(s.pending) < frames:
+        if s.t_first is None:
+            return False
+        if self.pad_final and s.talker_done and 1 <= s.pending <= frames:
+            return True  # its rest, padded, in a call that runs anyway
+        if self.fit(s.pending) < frames:
             return False
         scheduled = self.fit(self.chunk_size(s.chunks))
         if frames >= scheduled:

@@ -60,6 +60,7 @@ _END = object()
 SLACK_BUCKETS = (-0.5, -0.1, 0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+WAIT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.5, 1.0)
 
 
 @dataclass
@@ -92,12 +93,18 @@ class FusedStats:
     codec_seconds: float = 0.0  # wall time of the codec calls (each ends with a host sync)
     chunks: int = 0
     lent: int = 0  # first chunks' last frames taken from the engine's unread step on the device
+    padded: int = 0  # frames of padding decoded with finished streams' last chunks (pad_final)
     misses: int = 0  # chunks sent after the client's buffer ran dry (server-side underruns)
     slack: Histogram = field(default_factory=lambda: Histogram(SLACK_BUCKETS))
     lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
     batch: Histogram = field(default_factory=lambda: Histogram(BATCH_BUCKETS))
+    # a stream's time from its opening to its first frame from the engine (admission wait,
+    # prefill, first step), and from its last frame to its end (its last chunks' decodes): the
+    # time a closed-loop client's stream holds no talker row
+    first_frame: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
+    tail: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
     reasons: Dict[str, int] = field(default_factory=dict)
-    # (name, value) of every observation not yet exported ("slack", "lag", "batch"); the Triton
+    # (name, value) of every observation not yet exported (the histograms' names); the Triton
     # adapter drains it into its histograms (serving/talker/triton.py)
     unexported: Deque[tuple] = field(default_factory=deque)
 
@@ -114,6 +121,8 @@ class _Stream:
     frames: List[np.ndarray] = field(default_factory=list)  # pending frames, [n, 16] each
     ended: bool = False  # its last item (audio end or an error) is out
     skip: int = 0  # frames decoded from the device before the engine read them (dropped then)
+    framed: bool = False  # its first frame came from the engine
+    t_done: Optional[float] = None  # when the engine said it sent its last frame
 
     def take(self, n: int) -> np.ndarray:
         """The first ``n`` pending frames ``[n, 16]`` (removed)."""
@@ -243,6 +252,7 @@ class FusedPipeline:
             "reasons": dict(st.reasons),
             "chunks": st.chunks,
             "first_frames_on_device": st.lent,
+            "padded_frames": st.padded,
             "deadline_misses": st.misses,
         }
 
@@ -348,15 +358,23 @@ class FusedPipeline:
         streams = [self._by_sid[sid] for sid in batch.sids]
         # one host-to-device copy for the batch's codes [b, T, 16]; each request a view of it;
         # a lent frame's place is filled on the device from the engine's unread step
-        parts = []
+        # a finished stream's rest may be shorter than the call (the policy's ``pad_final``): its
+        # codes are padded with its last frame and the padding's audio dropped in ``finish``
+        parts, real = [], []
         for st in streams:
             if st.state.sid in lent:
                 host = st.take(batch.frames - 1)
                 st.state.pending -= 1
                 st.skip += 1
                 parts.append(np.concatenate([host, np.zeros((1, host.shape[1]), np.int64)]))
+                real.append(batch.frames)
             else:
-                parts.append(st.take(batch.frames))
+                n = min(st.state.pending, batch.frames)
+                codes = st.take(n)
+                if n < batch.frames:
+                    codes = np.concatenate([codes, np.repeat(codes[-1:], batch.frames - n, axis=0)])
+                parts.append(codes)
+                real.append(n)
         codes = np.stack(parts).astype(np.int64, copy=False)
         on_dev = to_device_async(torch.from_numpy(codes), self.device)
         if lent:
@@ -374,7 +392,7 @@ class FusedPipeline:
         # ends with the audio's copy to the host, or (defer) with that copy launched
         results = run_resident_batch(reqs, self.pool, self.codec, defer_copy=defer)
         ready = timer.stop(f"codec_{batch.reason}", t0)  # marks the audio's copy done
-        self._unread = (batch, streams, results, ready, now)
+        self._unread = (batch, streams, real, results, ready, now)
         return True
 
     def _lend_unread(self, first: int) -> Dict[int, int]:
@@ -400,7 +418,7 @@ class FusedPipeline:
         """Hand out the audio of the codec call ``run`` launched (waiting for it on the GPU)."""
         if self._unread is None:
             return
-        batch, streams, results, ready, now = self._unread
+        batch, streams, real, results, ready, now = self._unread
         self._unread = None
         clock = getattr(self.engine, "loop_time", None)
         if clock is not None:
@@ -414,13 +432,17 @@ class FusedPipeline:
         now = t_end
         stats.codec_calls += 1
         stats.codec_rows += len(streams)
-        stats.codec_frames += len(streams) * batch.frames
+        stats.codec_frames += sum(real)
+        stats.padded += len(streams) * batch.frames - sum(real)
         stats.observe("batch", len(streams))
         stats.reasons[batch.reason] = stats.reasons.get(batch.reason, 0) + 1
-        for st, res in zip(streams, results):
+        for st, n, res in zip(streams, real, results):
             if isinstance(res, BaseException):
                 self._fail(st, res)
                 continue
+            audio = res.numpy()
+            if n < batch.frames:  # padded: the real frames' audio only
+                audio = audio[: n * (audio.size // batch.frames)]
             s = st.state
             if s.t_ready is not None:
                 stats.observe("lag", now - s.t_ready)
@@ -432,10 +454,10 @@ class FusedPipeline:
                     stats.misses += 1
             if s.t_first is None:
                 s.t_first = now
-            s.delivered += batch.frames
+            s.delivered += n
             s.chunks += 1
             stats.chunks += 1
-            self._out.append((st.rid, res.numpy()))
+            self._out.append((st.rid, audio))
         self._end_finished()
 
     def on_events(self, events) -> None:
@@ -448,6 +470,9 @@ class FusedPipeline:
             if st is None or st.ended:
                 continue
             if frames is not None:
+                if not st.framed:
+                    st.framed = True
+                    self.fused_stats.observe("first_frame", self.clock() - st.state.t_submit)
                 if st.skip:  # decoded from the device already (run)
                     st.skip -= 1
                 else:
@@ -455,6 +480,7 @@ class FusedPipeline:
                     st.state.pending += int(frames.shape[0])
             if finished:
                 st.state.talker_done = True
+                st.t_done = self.clock()
         self._end_finished()
 
     def _end_finished(self) -> None:
@@ -462,6 +488,8 @@ class FusedPipeline:
             if st.state.finished and not st.ended:
                 st.ended = True
                 self._out.append((st.rid, _END))
+                if st.t_done is not None:
+                    self.fused_stats.observe("tail", self.clock() - st.t_done)
 
 
 def device_time_increments(gpu_ms: Dict[str, dict], seen: Dict[str, tuple]) -> List[tuple]:
@@ -497,6 +525,7 @@ def deadline_policy(
     buffer_ms: float,
     max_batch: int,
     ride_along: str = default("fused_ride_along"),
+    pad_final: bool = default("fused_pad_final"),
 ) -> DeadlinePolicy:
     """The fused pipeline's policy from its settings (``first_chunk_frames``, ``chunk_ramp``,
     ``chunk_frames``, ``fused_buffer_ms``, ``codec_max_batch_size``, ``fused_ride_along``): a
@@ -511,6 +540,7 @@ def deadline_policy(
         max_batch=max_batch,
         frame_buckets=frame_buckets(first_chunk_frames, ramp, chunk_frames),
         ride_along=ride_along,
+        pad_final=pad_final,
     )
 
 
@@ -518,6 +548,7 @@ __all__ = [
     "FusedPipeline",
     "FusedStats",
     "Histogram",
+    "WAIT_BUCKETS",
     "deadline_policy",
     "device_time_increments",
     "frame_buckets",

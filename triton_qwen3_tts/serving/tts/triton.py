@@ -338,6 +338,7 @@ class _FusedMetrics:
             BATCH_BUCKETS,
             LAG_BUCKETS,
             SLACK_BUCKETS,
+            WAIT_BUCKETS,
             device_time_increments,
         )
 
@@ -357,6 +358,17 @@ class _FusedMetrics:
                 LAG_BUCKETS,
             ),
             "batch": ("qwen3_tts_fused_codec_batch_size", "Streams per codec call", BATCH_BUCKETS),
+            "first_frame": (
+                "qwen3_tts_fused_first_frame_seconds",
+                "From a stream's opening in the engine's process to its first frame (admission wait, "
+                "prefill, first step)",
+                WAIT_BUCKETS,
+            ),
+            "tail": (
+                "qwen3_tts_fused_tail_seconds",
+                "From a stream's last frame to its end (the decodes of its last chunks)",
+                WAIT_BUCKETS,
+            ),
         }
         # per lane (GPU) its talker client, whose snapshot() is the lane's metrics
         # (serving/talker/service.py lane_snapshot: in this process or from a worker's)
