@@ -29,6 +29,6 @@ ls -l "$R"
 tail -30 $O/console.txt | cut -c1-300
 for s in A B; do echo "== $s"; cut -c1-600 $O/gpu_busy_$s.txt | head -30; done
 # the new histograms of each level (a stream's time before its first frame and after its last)
-for f in $O/metrics_ab_*_after.txt; do
+for f in "$O"/metrics_ab_*_after.txt; do
   echo "== $(basename "$f")"; grep -E "^qwen3_tts_fused_(first_frame|tail)_seconds_(sum|count)" "$f"
 done
