@@ -179,26 +179,26 @@ def test_ride_along_due_takes_streams_below_their_buffer_with_a_smaller_chunk():
     assert b.frames == 1 and b.sids == (7,)
 
 
-def test_pad_final_decodes_a_finished_streams_rest_in_one_call():
-    """pad_final: a stream whose talker is done decodes its rest in one call of the smallest
+def test_finish_pad_decodes_a_finished_streams_rest_in_one_call():
+    """finish pad: a stream whose talker is done decodes its rest in one call of the smallest
     frame bucket that holds it (the pipeline pads it), not one call per bucket rounded down;
     above chunk_frames the rest still goes out in chunk_frames pieces. A finished stream with
-    fewer frames than a batch's rides along in it; without pad_final nothing changes."""
+    fewer frames than a batch's rides along in it; with split (the default) nothing changes."""
     now = 4.0
     s = playing(1, now, slack=2.0, pending=11)
     s.talker_done = True
     assert policy().pick([s], now, talker_busy=True).frames == 8  # 11 -> 8, 2, 1: three calls
-    b = policy(pad_final=True).pick([s], now, talker_busy=True)
+    b = policy(finish="pad").pick([s], now, talker_busy=True)
     assert b.reason == "done" and b.frames == 16 and b.sids == (1,)
-    assert policy(pad_final=True).fit_up(3) == 4 and policy(pad_final=True).fit_up(4) == 4
-    assert policy(pad_final=True).fit_up(40) == 16 and policy(pad_final=True).fit_up(0) == 0
+    assert policy(finish="pad").fit_up(3) == 4 and policy(finish="pad").fit_up(4) == 4
+    assert policy(finish="pad").fit_up(40) == 16 and policy(finish="pad").fit_up(0) == 0
     assert policy(frame_buckets=()).fit_up(11) == 11
     s.pending = 1
-    assert policy(pad_final=True).pick([s], now, talker_busy=True).frames == 1
+    assert policy(finish="pad").pick([s], now, talker_busy=True).frames == 1
     # critical and finished: padded too
     c = playing(2, now, slack=0.05, pending=5, chunks=5)
     c.talker_done = True
-    b = policy(pad_final=True).pick([c], now, talker_busy=True)
+    b = policy(finish="pad").pick([c], now, talker_busy=True)
     assert b.reason == "critical" and b.frames == 8
     # a finished stream rides along (padded) in a larger batch that runs anyway; an unfinished
     # one with as few frames pending does not
@@ -207,11 +207,34 @@ def test_pad_final_decodes_a_finished_streams_rest_in_one_call():
     done.talker_done = True
     short = playing(5, now, slack=0.05, pending=3, chunks=5)
     streams = [lead, done, short]
-    assert policy(pad_final=True).pick(streams, now, talker_busy=True).sids == (3, 4)
+    assert policy(finish="pad").pick(streams, now, talker_busy=True).sids == (3, 4)
     assert policy().pick(streams, now, talker_busy=True).sids == (3,)
 
 
+def test_finish_pad_first_ranks_finished_streams_before_due_ones():
+    """finish pad_first: a finished stream (large slack: it ran ahead) goes before a due stream
+    of its ramp, which split and pad rank first by slack; first chunks and critical streams still
+    go before it."""
+    now = 5.0
+    done = playing(1, now, slack=3.0, pending=16, chunks=6)
+    done.talker_done = True
+    due = playing(2, now, slack=0.3, pending=4, chunks=1)  # its ramp's 4-frame chunk, buffer below target
+    for finish in ("split", "pad"):
+        b = policy(finish=finish).pick([done, due], now, talker_busy=True)
+        assert b.reason == "due" and b.sids == (2,), finish
+    b = policy(finish="pad_first").pick([done, due], now, talker_busy=True)
+    assert b.reason == "done" and b.sids == (1,) and b.frames == 16
+    crit = playing(3, now, slack=0.05, pending=4, chunks=1)
+    first = StreamState(4, t_submit=4.9, pending=2)
+    p = policy(finish="pad_first", first_chunk_frames=2)
+    assert p.pick([done, due, crit, first], now, talker_busy=True).reason == "first"
+    first.chunks, first.pending = 1, 0
+    assert p.pick([done, due, crit, first], now, talker_busy=True).reason == "critical"
+
+
 def test_settings_are_checked():
+    with pytest.raises(ValueError, match="finish must be one of split, pad, pad_first"):
+        policy(finish="late")
     with pytest.raises(ValueError, match="ride_along must be one of schedule, due"):
         policy(ride_along="all")
     with pytest.raises(ValueError, match="first_chunk_frames"):

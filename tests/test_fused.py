@@ -213,10 +213,10 @@ def test_fused_audio_equals_frames_decoded_whole_admissions_held(tiny_checkpoint
 
 
 def test_fused_audio_equals_frames_decoded_whole_last_chunks_padded(tiny_checkpoint, plain, decoder, loop):
-    """``pad_final``: a finished stream's rest goes out in one call, its codes padded to the
+    """``finish`` pad_first: a finished stream's rest goes out in one call, its codes padded to the
     call's frame count and the padding's audio dropped: the same audio, the padding counted
     apart from the frames decoded."""
-    p = _pipe(tiny_checkpoint, loop, decoder, first_chunk_frames=2, pad_final=True)
+    p = _pipe(tiny_checkpoint, loop, decoder, first_chunk_frames=2, finish="pad_first")
     try:
         _check_audio_equals_frames(p, plain, decoder, loop, first=2)
         st = p.fused_stats

@@ -191,7 +191,7 @@ class TalkerModelConfig:
     fused_buffer_ms: int = default("fused_buffer_ms")
     fused_ride_along: str = default("fused_ride_along")
     fused_first_on_device: bool = default("fused_first_on_device")
-    fused_pad_final: bool = default("fused_pad_final")
+    fused_finish: str = default("fused_finish")
     first_chunk_frames: int = default("first_chunk_frames")
     chunk_ramp: tuple = int_list(default("chunk_ramp"))
     chunk_frames: int = default("chunk_frames")
@@ -229,6 +229,7 @@ class TalkerModelConfig:
         _choice("prompt_device", self.prompt_device, choices("prompt_device"))
         _allowed("engine_cpu_threads", self.engine_cpu_threads)
         _choice("fused_ride_along", self.fused_ride_along, choices("fused_ride_along"))
+        _choice("fused_finish", self.fused_finish, choices("fused_finish"))
         if self.native_kernels == "triton" and (self.engine != "native" or self.device == "cpu"):
             raise ModelConfigError("parameter 'native_kernels' triton needs engine native on a gpu")
         if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", self.device):  # cuda:i: one engine of several (gpus)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Tuple
 
 from triton_qwen3_tts.engines.native.options import KERNELS, PDL_MODES
-from triton_qwen3_tts.serving.talker.deadline import RIDE_ALONG
+from triton_qwen3_tts.serving.talker.deadline import FINISH, RIDE_ALONG
 
 __all__ = [
     "Setting",
@@ -360,11 +360,14 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
-        "fused_pad_final",
-        False,
-        "pipeline fused: a stream whose talker is done decodes its last frames in one codec call, padded "
-        "to the codec's next frame count and the padding's audio dropped (the same audio), instead of "
-        "one call per power of two of them, each after a talker step (its request ends sooner)",
+        "fused_finish",
+        "split",
+        "pipeline fused: a stream whose talker is done (its request ends after its last audio): 'split' = "
+        "its rest rounded down to the codec's frame counts, several calls if need be, ranked with the "
+        "due streams by buffer; 'pad' = its rest in one call, padded to the next frame count and the "
+        "padding's audio dropped (the same audio); 'pad_first' = that, ranked before the due streams "
+        "(after first chunks and critical ones)",
+        choices=FINISH,
         group="talker",
     ),
     Setting(

@@ -77,7 +77,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from triton_qwen3_tts.engines.native.admission import hold_admission
 from triton_qwen3_tts.serving.codec.batch import bucket
 from triton_qwen3_tts.serving.settings import default
-from triton_qwen3_tts.serving.talker.deadline import FRAME_SECONDS, RIDE_ALONG, DeadlinePolicy, StreamState
+from triton_qwen3_tts.serving.talker.deadline import FINISH, FRAME_SECONDS, RIDE_ALONG, DeadlinePolicy, StreamState
 from triton_qwen3_tts.serving.talker.fused import deadline_policy
 from triton_qwen3_tts.tools.bench_metrics import RequestRecord, aggregate
 
@@ -332,7 +332,7 @@ def simulate(
             for sid in batch.sids:
                 r = live[sid]
                 s = r.state
-                n = min(s.pending, batch.frames)  # fewer: a finished stream's padded rest (pad_final)
+                n = min(s.pending, batch.frames)  # fewer: a finished stream's padded rest (finish pad)
                 s.pending -= n
                 if s.t_first is None:
                     s.t_first = now
@@ -394,7 +394,7 @@ def _policy(args) -> DeadlinePolicy:
         args.buffer_ms,
         args.codec_max_batch,
         args.ride_along,
-        args.pad_final,
+        args.finish,
     )
 
 
@@ -479,12 +479,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--ride-along", choices=RIDE_ALONG, default=default("fused_ride_along"), help="the fused_ride_along setting"
     )
-    ap.add_argument(
-        "--pad-final",
-        type=lambda v: v.lower() in ("1", "true", "yes", "on"),
-        default=default("fused_pad_final"),
-        help="the fused_pad_final setting (true/false)",
-    )
+    ap.add_argument("--finish", choices=FINISH, default=default("fused_finish"), help="the fused_finish setting")
     ap.add_argument("--seeds", type=int, default=3, help="open loop: arrival seeds averaged")
     ap.add_argument(
         "--calibrate",

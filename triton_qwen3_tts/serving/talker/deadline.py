@@ -42,14 +42,18 @@ most urgent first, then (filling the batch) **ride-alongs**, least slack first; 
   streams it has), at the price of more chunks, none below half their scheduled size (a stream
   finishing with one frame left does not take every other stream's next frame along).
 
-**The last chunk in one call** (``pad_final``). Rounding down to a frame bucket splits a finished
-stream's rest into several calls (15 frames: 8, 4, 2, 1), each after a talker step of its own, and
-its request ends only after the last: a closed-loop client's next request waits for all of them.
-With ``pad_final`` a stream whose talker is done decodes its rest (up to ``chunk_frames``) in one
-call of the smallest frame bucket that holds it; the pipeline pads its codes to that size and
-drops the padding's audio. The codec is causal (a frame's audio never depends on later frames)
-and the stream's state is released after its last chunk, so the audio is the same. A finished
-stream with fewer frames pending than a batch's also rides along in it (padded).
+**A finished stream's last chunks** (``finish``, one of ``FINISH``). Its request ends only after
+its last audio, and a closed-loop client's next request waits for that end, while the talker row
+it held is already free. With ``split`` its rest is rounded down like any chunk, so it may take
+several calls (15 frames: 8, 4, 2, 1), each after a talker step, and it ranks with the due
+streams by slack, behind every stream still in its ramp (its own slack is large): under load its
+frames pile up behind theirs. ``pad``: its rest (up to ``chunk_frames``) goes in one call of the
+smallest frame bucket that holds it; the pipeline pads its codes to that size and drops the
+padding's audio (the codec is causal: a frame's audio never depends on later frames; the
+stream's state is released after its last chunk; so the audio is the same), and a finished
+stream with fewer frames pending than a batch's rides along in it, padded. ``pad_first``: that,
+and finished streams rank before the due ones (still after first chunks and critical streams, so
+no listener's buffer pays for it).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from typing import Iterable, Optional, Sequence, Tuple
 
 FRAME_SECONDS = 1920 / 24000  # one frame = 80 ms of audio
 RIDE_ALONG = ("schedule", "due")
+FINISH = ("split", "pad", "pad_first")
 
 
 @dataclass
@@ -102,7 +107,7 @@ class DeadlinePolicy:
     max_batch: int = 64
     frame_buckets: Tuple[int, ...] = ()  # () = any frame count
     ride_along: str = "schedule"  # one of RIDE_ALONG (module docstring)
-    pad_final: bool = False  # a finished stream's rest in one padded call (module docstring)
+    finish: str = "split"  # one of FINISH: a finished stream's last chunks (module docstring)
     _last_was_codec: bool = field(default=False, repr=False)
 
     def __post_init__(self):
@@ -116,6 +121,8 @@ class DeadlinePolicy:
             raise ValueError(f"need 0 <= urgent_s <= buffer_s, got {self.urgent_s}, {self.buffer_s}")
         if self.ride_along not in RIDE_ALONG:
             raise ValueError(f"ride_along must be one of {', '.join(RIDE_ALONG)}, got {self.ride_along!r}")
+        if self.finish not in FINISH:
+            raise ValueError(f"finish must be one of {', '.join(FINISH)}, got {self.finish!r}")
         fb = tuple(sorted(set(int(b) for b in self.frame_buckets)))
         if fb and fb[0] != 1:
             raise ValueError(f"frame_buckets must contain 1 (every pending count can then be decoded), got {fb}")
@@ -150,35 +157,42 @@ class DeadlinePolicy:
             return n
         return min((b for b in self.frame_buckets if b >= n), default=self.fit(n))
 
+    @property
+    def pad(self) -> bool:
+        """A finished stream's rest goes in one padded call (``finish`` pad or pad_first)."""
+        return self.finish != "split"
+
     def final_frames(self, s: StreamState) -> int:
         """Frames of the next call for a stream whose talker is done: its rest rounded up to a
-        bucket with ``pad_final`` (the pipeline pads the codes), else rounded down."""
-        return self.fit_up(s.pending) if self.pad_final else self.fit(s.pending)
+        bucket when :attr:`pad` (the pipeline pads the codes), else rounded down."""
+        return self.fit_up(s.pending) if self.pad else self.fit(s.pending)
 
     # -- the choice ------------------------------------------------------------------------------
     def candidates(self, streams: Iterable[StreamState], now: float, talker_busy: bool):
         """``(key, reason, frames, stream)`` of every stream that may be decoded now; a lower key
-        is more urgent."""
+        is more urgent: first chunks, critical, then (``finish`` pad_first) finished streams,
+        then finished and due ones by slack, then idle flushes."""
         out = []
+        done_rank = 1 if self.finish == "pad_first" else 2  # within group 2; due streams: 2
         for s in streams:
             if s.pending < 1:
                 continue
             if s.chunks == 0:
                 if s.pending >= self.first_chunk_frames or s.talker_done:
-                    out.append(((0, s.t_submit), "first", self.fit(min(s.pending, self.first_chunk_frames)), s))
+                    out.append(((0, 0, s.t_submit), "first", self.fit(min(s.pending, self.first_chunk_frames)), s))
                 continue
             slack = s.slack(now)
             # ready: its next chunk (the ramp's size) is pending, or the talker is done with it
             ready = s.pending >= self.fit(self.chunk_size(s.chunks)) or s.talker_done
             frames = self.final_frames(s) if s.talker_done else self.fit(s.pending)
             if ready and slack < self.urgent_s:
-                out.append(((1, slack), "critical", frames, s))
+                out.append(((1, 0, slack), "critical", frames, s))
             elif s.talker_done:
-                out.append(((2, slack), "done", frames, s))
+                out.append(((2, done_rank, slack), "done", frames, s))
             elif ready and slack < self.buffer_s:
-                out.append(((2, slack), "due", self.fit(s.pending), s))
+                out.append(((2, 2, slack), "due", self.fit(s.pending), s))
             elif not talker_busy:
-                out.append(((3, slack), "idle", self.fit(s.pending), s))
+                out.append(((3, 0, slack), "idle", self.fit(s.pending), s))
         out.sort(key=lambda c: c[0])
         return out
 
@@ -186,7 +200,7 @@ class DeadlinePolicy:
         """May ``s`` join a batch of ``frames`` frames per stream (``ride_along``)?"""
         if s.t_first is None:
             return False
-        if self.pad_final and s.talker_done and 1 <= s.pending <= frames:
+        if self.pad and s.talker_done and 1 <= s.pending <= frames:
             return True  # its rest, padded, in a call that runs anyway
         if self.fit(s.pending) < frames:
             return False

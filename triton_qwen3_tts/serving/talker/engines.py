@@ -123,7 +123,7 @@ def make_fused(cfg: TalkerModelConfig, engine):
         cfg.fused_buffer_ms,
         cfg.codec_max_batch,
         cfg.fused_ride_along,
-        cfg.fused_pad_final,
+        cfg.fused_finish,
     )
     return FusedPipeline(
         engine, runner or sd, pool, policy, prime_frames=cfg.chunk_frames, first_on_device=cfg.fused_first_on_device

@@ -93,7 +93,7 @@ class FusedStats:
     codec_seconds: float = 0.0  # wall time of the codec calls (each ends with a host sync)
     chunks: int = 0
     lent: int = 0  # first chunks' last frames taken from the engine's unread step on the device
-    padded: int = 0  # frames of padding decoded with finished streams' last chunks (pad_final)
+    padded: int = 0  # frames of padding decoded with finished streams' last chunks (finish pad)
     misses: int = 0  # chunks sent after the client's buffer ran dry (server-side underruns)
     slack: Histogram = field(default_factory=lambda: Histogram(SLACK_BUCKETS))
     lag: Histogram = field(default_factory=lambda: Histogram(LAG_BUCKETS))
@@ -358,7 +358,7 @@ class FusedPipeline:
         streams = [self._by_sid[sid] for sid in batch.sids]
         # one host-to-device copy for the batch's codes [b, T, 16]; each request a view of it;
         # a lent frame's place is filled on the device from the engine's unread step
-        # a finished stream's rest may be shorter than the call (the policy's ``pad_final``): its
+        # a finished stream's rest may be shorter than the call (the policy's ``finish`` pad): its
         # codes are padded with its last frame and the padding's audio dropped in ``finish``
         parts, real = [], []
         for st in streams:
@@ -525,7 +525,7 @@ def deadline_policy(
     buffer_ms: float,
     max_batch: int,
     ride_along: str = default("fused_ride_along"),
-    pad_final: bool = default("fused_pad_final"),
+    finish: str = default("fused_finish"),
 ) -> DeadlinePolicy:
     """The fused pipeline's policy from its settings (``first_chunk_frames``, ``chunk_ramp``,
     ``chunk_frames``, ``fused_buffer_ms``, ``codec_max_batch_size``, ``fused_ride_along``): a
@@ -540,7 +540,7 @@ def deadline_policy(
         max_batch=max_batch,
         frame_buckets=frame_buckets(first_chunk_frames, ramp, chunk_frames),
         ride_along=ride_along,
-        pad_final=pad_final,
+        finish=finish,
     )
 
 

@@ -2,7 +2,8 @@
 # run 45a: A/B in one call (scripts/gpu_ab_bench.sh) on a fresh machine: A = the admission hold
 # of run 44 (new requests held up to 30 ms while at least 32 rows decode: --native-admit-hold-ms
 # 30 --native-admit-hold-requests 8 --native-admit-hold-min-rows 32), B = the same with each
-# finished stream's last frames decoded in one padded codec call (--fused-pad-final true);
+# finished stream's last frames decoded in one padded codec call (--fused-pad-final true, at
+# 99b052e; the setting became --fused-finish pad);
 # 64 streams, closed loop, 200-frame requests, 30-s levels in ORDER (default B A A B, as far as
 # DEADLINE_S allows), after an unmeasured 15-s level on each. A_ARGS / B_ARGS / ORDER from the
 # environment replace these (the later calls of run 45 do). Everything is packed into all.tgz;
