@@ -212,17 +212,18 @@ def test_fused_audio_equals_frames_decoded_whole_admissions_held(tiny_checkpoint
         p.shutdown()
 
 
-def test_fused_audio_equals_frames_decoded_whole_last_chunks_padded(tiny_checkpoint, plain, decoder, loop):
-    """``finish`` pad_first: a finished stream's rest goes out in one call, its codes padded to the
-    call's frame count and the padding's audio dropped: the same audio, the padding counted
-    apart from the frames decoded."""
-    p = _pipe(tiny_checkpoint, loop, decoder, first_chunk_frames=2, finish="pad_first")
+@pytest.mark.parametrize("finish", ["pad", "pad_first"])
+def test_fused_audio_equals_frames_decoded_whole_last_chunks_padded(tiny_checkpoint, plain, decoder, loop, finish):
+    """``finish`` pad and pad_first: a finished stream's rest goes out in one call, its codes
+    padded to the call's frame count and the padding's audio dropped: the same audio, the
+    padding counted apart from the frames decoded."""
+    p = _pipe(tiny_checkpoint, loop, decoder, first_chunk_frames=2, finish=finish)
     try:
         _check_audio_equals_frames(p, plain, decoder, loop, first=2)
         st = p.fused_stats
         assert st.padded > 0
         assert st.codec_frames == sum([3, 11, 17, 6, 9])
-        assert st.tail.n == 5 and st.first_frame.n == 5
+        assert st.tail.n == 5 and st.first_frame.n == 5 and st.rest.n == 5
     finally:
         p.shutdown()
 

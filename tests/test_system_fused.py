@@ -69,7 +69,11 @@ def test_concurrent_greedy_streams_equal_whole_decode(server, tiny_checkpoint):
         assert time.time() < deadline, "no fused codec batches in the metrics"
         time.sleep(0.2)
     # each stream's time before its first frame and after its last, once per request
-    for name in ("qwen3_tts_fused_first_frame_seconds_count", "qwen3_tts_fused_tail_seconds_count"):
+    for name in (
+        "qwen3_tts_fused_first_frame_seconds_count",
+        "qwen3_tts_fused_tail_seconds_count",
+        "qwen3_tts_fused_rest_frames_count",
+    ):
         while metric(server, name) < len(cases):
             assert time.time() < deadline, f"{name} counts fewer than the {len(cases)} requests"
             time.sleep(0.2)

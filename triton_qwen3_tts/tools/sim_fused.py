@@ -43,7 +43,10 @@ prefills a 30-s level against the server's 336-400) and reads about 680 audio-s/
 hold (``--admit-hold-ms 30``): at 20 req/s of 4-s clips TTFA p95 53 -> 82 ms, at 70 req/s 80 ->
 90 ms with underruns 0.8 -> 0.0 %. It underrates the hold's cost at 70 req/s: with a 32-row
 minimum (``--admit-hold-min-rows 32``) it predicted 80 -> 88 ms, and the server measured 73 ->
-126 ms (run 44b; the server decodes more rows at that rate than the model does).
+126 ms (run 44b; the server decodes more rows at that rate than the model does). With
+``--finish pad_first`` (finished streams' last chunks in one padded call, ranked before the due
+streams) it rated 64 streams the same (fewer codec calls, 714 against 777) and 70 req/s at TTFA
+p95 65 ms against 80, where the server measured 56 against 68 (run 45b).
 
 The older costs (``--costs run29``, :data:`H100`) are run 29's, H100 80GB HBM3, 1.7B random real-size weights, bf16:
 the frame step with the Triton kernels (29b, context 300), the codec's slots with plain CUDA

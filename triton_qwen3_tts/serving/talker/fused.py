@@ -61,6 +61,7 @@ SLACK_BUCKETS = (-0.5, -0.1, 0.0, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 LAG_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 WAIT_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.5, 1.0)
+REST_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
 @dataclass
@@ -103,6 +104,8 @@ class FusedStats:
     # time a closed-loop client's stream holds no talker row
     first_frame: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
     tail: Histogram = field(default_factory=lambda: Histogram(WAIT_BUCKETS))
+    # frames a stream still had to decode when its last frame came (what its tail decodes)
+    rest: Histogram = field(default_factory=lambda: Histogram(REST_BUCKETS))
     reasons: Dict[str, int] = field(default_factory=dict)
     # (name, value) of every observation not yet exported (the histograms' names); the Triton
     # adapter drains it into its histograms (serving/talker/triton.py)
@@ -481,6 +484,7 @@ class FusedPipeline:
             if finished:
                 st.state.talker_done = True
                 st.t_done = self.clock()
+                self.fused_stats.observe("rest", st.state.pending)
         self._end_finished()
 
     def _end_finished(self) -> None:
@@ -548,6 +552,7 @@ __all__ = [
     "FusedPipeline",
     "FusedStats",
     "Histogram",
+    "REST_BUCKETS",
     "WAIT_BUCKETS",
     "deadline_policy",
     "device_time_increments",

@@ -337,6 +337,7 @@ class _FusedMetrics:
         from triton_qwen3_tts.serving.talker.fused import (
             BATCH_BUCKETS,
             LAG_BUCKETS,
+            REST_BUCKETS,
             SLACK_BUCKETS,
             WAIT_BUCKETS,
             device_time_increments,
@@ -368,6 +369,11 @@ class _FusedMetrics:
                 "qwen3_tts_fused_tail_seconds",
                 "From a stream's last frame to its end (the decodes of its last chunks)",
                 WAIT_BUCKETS,
+            ),
+            "rest": (
+                "qwen3_tts_fused_rest_frames",
+                "Frames a stream still had to decode when its last frame came (what its tail decodes)",
+                REST_BUCKETS,
             ),
         }
         # per lane (GPU) its talker client, whose snapshot() is the lane's metrics
