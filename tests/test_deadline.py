@@ -232,7 +232,30 @@ def test_finish_pad_first_ranks_finished_streams_before_due_ones():
     assert p.pick([done, due, crit, first], now, talker_busy=True).reason == "critical"
 
 
+def test_ahead_decodes_full_buffers_together_once_enough_have_a_whole_chunk():
+    """ahead_batch: while the talker runs, streams with a full buffer and a whole chunk pending
+    wait until ahead_batch of them have one, then go in one call (reason ahead), after anything
+    due and never twice in a row; an idle talker flushes them as before; off (0) they wait."""
+    now = 5.0
+    full = [playing(i, now, slack=2.0 + i, pending=16, chunks=6) for i in (1, 2)]
+    short = playing(3, now, slack=2.5, pending=9, chunks=6)  # less than a whole chunk: not ahead
+    assert policy().pick(full + [short], now, talker_busy=True) is None
+    p = policy(ahead_batch=3)
+    assert p.pick(full + [short], now, talker_busy=True) is None  # two of three
+    assert short.t_ready is None and full[0].t_ready is None  # waiting ahead is no scheduling lag
+    p = policy(ahead_batch=2)
+    b = p.pick(full + [short], now, talker_busy=True)
+    assert b.reason == "ahead" and b.frames == 16 and b.sids == (1, 2)
+    assert p.pick(full + [short], now, talker_busy=True) is None  # a talker step between
+    due = playing(4, now, slack=0.3, pending=16, chunks=6)
+    b = policy(ahead_batch=2).pick(full + [due], now, talker_busy=True)
+    assert b.reason == "due" and b.sids[0] == 4  # due first; the full buffers ride along (16 frames)
+    assert policy(ahead_batch=2).pick(full, now, talker_busy=False).reason == "idle"
+
+
 def test_settings_are_checked():
+    with pytest.raises(ValueError, match="ahead_batch must be an int >= 0"):
+        policy(ahead_batch=-1)
     with pytest.raises(ValueError, match="finish must be one of split, pad, pad_first"):
         policy(finish="late")
     with pytest.raises(ValueError, match="ride_along must be one of schedule, due"):

@@ -67,14 +67,15 @@ def plain(tiny_checkpoint, loop):
     eng.shutdown()
 
 
-def _pipe(tiny_checkpoint, loop, decoder, slots=8, engine_kw=None, first_on_device=True, **policy):
+def _pipe(tiny_checkpoint, loop, decoder, slots=8, engine_kw=None, first_on_device=True, clock=None, **policy):
     eng = loop.run_until_complete(NativeEngine.create(tiny_checkpoint, _cfg(**(engine_kw or {}))))
     sd = StatefulCodecDecoder(decoder).eval()
     kw = dict(first_chunk_frames=1, ramp=(2, 4), chunk_frames=8, buffer_s=0.4, urgent_s=0.1, max_batch=4)
     kw.update(policy)
     kw["frame_buckets"] = frame_buckets(kw["first_chunk_frames"], kw["ramp"], kw["chunk_frames"])
     pool = StatePool(sd, slots, "cpu", torch.float32, idle_timeout_s=0)
-    return FusedPipeline(eng, sd, pool, DeadlinePolicy(**kw), first_on_device=first_on_device)
+    extra = {} if clock is None else {"clock": clock}
+    return FusedPipeline(eng, sd, pool, DeadlinePolicy(**kw), first_on_device=first_on_device, **extra)
 
 
 @pytest.fixture(scope="module")
@@ -228,9 +229,34 @@ def test_fused_audio_equals_frames_decoded_whole_last_chunks_padded(tiny_checkpo
         p.shutdown()
 
 
-def _check_audio_equals_frames(pipe, plain, decoder, loop, first=1):
+def test_fused_audio_equals_frames_decoded_whole_full_buffers_decoded_ahead(tiny_checkpoint, plain, decoder, loop):
+    """``ahead_batch``: streams whose buffer is full decoded in calls of their own while the
+    talker runs: the same audio. The pipeline's clock runs a thousand times slower than the
+    wall's, so a stream's first chunk fills its 20-ms buffer target for the whole test and its
+    later frames go out only ahead (a whole 8-frame chunk pending) or once its talker is done;
+    three long streams, so that none ends (its call taking the others along) before the others
+    have a whole chunk pending."""
+    p = _pipe(
+        tiny_checkpoint,
+        loop,
+        decoder,
+        first_chunk_frames=2,
+        buffer_s=0.02,
+        urgent_s=0.01,
+        ahead_batch=2,
+        clock=lambda: time.monotonic() / 1000.0,
+    )
+    try:
+        _check_audio_equals_frames(p, plain, decoder, loop, first=2, lengths=(40, 33, 25))
+        assert p.fused_stats.reasons.get("ahead", 0) >= 1, p.fused_stats.reasons
+    finally:
+        p.shutdown()
+
+
+def _check_audio_equals_frames(pipe, plain, decoder, loop, first=1, lengths=(3, 11, 17, 6, 9)):
+    """Each request's audio through ``pipe`` equals its frames (from ``plain``) decoded whole;
+    the default ``lengths``: more streams than talker slots, some wait for a slot."""
     d = plain.hidden
-    lengths = [3, 11, 17, 6, 9]  # more streams than talker slots: some wait for a slot
     reqs = [lambda i=i, n=n: _req(f"r{i}", d, n, 100 + i) for i, n in enumerate(lengths)]
 
     async def both():

@@ -192,6 +192,7 @@ class TalkerModelConfig:
     fused_ride_along: str = default("fused_ride_along")
     fused_first_on_device: bool = default("fused_first_on_device")
     fused_finish: str = default("fused_finish")
+    fused_ahead_batch: int = default("fused_ahead_batch")
     first_chunk_frames: int = default("first_chunk_frames")
     chunk_ramp: tuple = int_list(default("chunk_ramp"))
     chunk_frames: int = default("chunk_frames")
@@ -215,6 +216,7 @@ class TalkerModelConfig:
         object.__setattr__(self, "codec_dtype", device_dtype(self.codec_dtype, self.device))
         check_chunk_schedule(self.first_chunk_frames, self.chunk_ramp, self.chunk_frames)
         _allowed("fused_buffer_ms", self.fused_buffer_ms)
+        _allowed("fused_ahead_batch", self.fused_ahead_batch)
         if self.codec_max_batch < 1 or self.codec_state_slots < 1:
             raise ModelConfigError("parameters 'codec_max_batch' and 'codec_state_slots' must be >= 1")
         self.batch_buckets()  # validates native_batch_buckets

@@ -371,6 +371,17 @@ SETTINGS: Tuple[Setting, ...] = (
         group="talker",
     ),
     Setting(
+        "fused_ahead_batch",
+        0,
+        "pipeline fused: while the talker runs, streams whose client buffer is full (fused_buffer_ms) and "
+        "that have a whole chunk_frames chunk pending are decoded together once at least this many do, "
+        "in the codec's fullest calls, instead of waiting (a stream far ahead of playback otherwise keeps "
+        "most of its frames until its talker is done, and its request ends after their decodes). 0: off",
+        lo=0,
+        hi=1024,
+        group="talker",
+    ),
+    Setting(
         "fused_first_on_device",
         True,
         "pipeline fused: a stream's first chunk takes its last frame from the talker step still on the "

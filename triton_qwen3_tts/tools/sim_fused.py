@@ -398,6 +398,7 @@ def _policy(args) -> DeadlinePolicy:
         args.codec_max_batch,
         args.ride_along,
         args.finish,
+        args.ahead_batch,
     )
 
 
@@ -483,6 +484,9 @@ def main(argv=None) -> int:
         "--ride-along", choices=RIDE_ALONG, default=default("fused_ride_along"), help="the fused_ride_along setting"
     )
     ap.add_argument("--finish", choices=FINISH, default=default("fused_finish"), help="the fused_finish setting")
+    ap.add_argument(
+        "--ahead-batch", type=int, default=default("fused_ahead_batch"), help="the fused_ahead_batch setting"
+    )
     ap.add_argument("--seeds", type=int, default=3, help="open loop: arrival seeds averaged")
     ap.add_argument(
         "--calibrate",

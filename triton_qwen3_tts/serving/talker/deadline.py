@@ -27,7 +27,12 @@ stream, in one call) or None (run a talker step, or nothing when the talker is i
 5. **Idle talker.** When no talker step is pending anyway, everything pending is decoded.
 
 A stream whose buffer is full (slack at least ``buffer_s``) waits: its frames pile up and go out
-later in one larger chunk. A decode takes at most ``chunk_frames`` frames per stream, rounded
+later in one larger chunk, or as a ride-along (below), or **ahead** (``ahead_batch`` > 0): while
+the talker runs and at least ``ahead_batch`` such streams have a whole ``chunk_frames`` chunk
+pending, they are decoded together, after everything more urgent and never twice in a row
+without a talker step between. Streams far ahead of playback (a closed loop's) otherwise keep
+most of their frames until their talker is done, and the request ends only after the last of
+them is decoded; ahead calls decode them earlier in the codec's fullest calls instead. A decode takes at most ``chunk_frames`` frames per stream, rounded
 down to one of ``frame_buckets`` (the codec's CUDA-graph sizes; the rest stays pending). The
 batch is the most urgent stream's group: the candidates that decode the same number of frames,
 most urgent first, then (filling the batch) **ride-alongs**, least slack first; at most
@@ -94,7 +99,7 @@ class StreamState:
 class CodecBatch:
     frames: int  # new frames per stream (the same for all: one codec call)
     sids: Tuple[int, ...]
-    reason: str  # "first" | "critical" | "due" | "done" | "idle" (of the most urgent stream)
+    reason: str  # "first" | "critical" | "due" | "done" | "ahead" | "idle" (of the most urgent stream)
 
 
 @dataclass
@@ -108,6 +113,7 @@ class DeadlinePolicy:
     frame_buckets: Tuple[int, ...] = ()  # () = any frame count
     ride_along: str = "schedule"  # one of RIDE_ALONG (module docstring)
     finish: str = "split"  # one of FINISH: a finished stream's last chunks (module docstring)
+    ahead_batch: int = 0  # full buffers decoded ahead once this many have a whole chunk (0: never)
     _last_was_codec: bool = field(default=False, repr=False)
 
     def __post_init__(self):
@@ -123,6 +129,8 @@ class DeadlinePolicy:
             raise ValueError(f"ride_along must be one of {', '.join(RIDE_ALONG)}, got {self.ride_along!r}")
         if self.finish not in FINISH:
             raise ValueError(f"finish must be one of {', '.join(FINISH)}, got {self.finish!r}")
+        if isinstance(self.ahead_batch, bool) or not isinstance(self.ahead_batch, int) or self.ahead_batch < 0:
+            raise ValueError(f"ahead_batch must be an int >= 0, got {self.ahead_batch!r}")
         fb = tuple(sorted(set(int(b) for b in self.frame_buckets)))
         if fb and fb[0] != 1:
             raise ValueError(f"frame_buckets must contain 1 (every pending count can then be decoded), got {fb}")
@@ -171,7 +179,8 @@ class DeadlinePolicy:
     def candidates(self, streams: Iterable[StreamState], now: float, talker_busy: bool):
         """``(key, reason, frames, stream)`` of every stream that may be decoded now; a lower key
         is more urgent: first chunks, critical, then (``finish`` pad_first) finished streams,
-        then finished and due ones by slack, then idle flushes."""
+        then finished and due ones by slack, then full buffers with a whole chunk pending
+        (``ahead_batch``, talker busy) or idle flushes (talker idle)."""
         out = []
         done_rank = 1 if self.finish == "pad_first" else 2  # within group 2; due streams: 2
         for s in streams:
@@ -191,6 +200,8 @@ class DeadlinePolicy:
                 out.append(((2, done_rank, slack), "done", frames, s))
             elif ready and slack < self.buffer_s:
                 out.append(((2, 2, slack), "due", self.fit(s.pending), s))
+            elif self.ahead_batch and talker_busy and s.pending >= self.chunk_frames:
+                out.append(((3, 0, slack), "ahead", self.fit(s.pending), s))
             elif not talker_busy:
                 out.append(((3, 0, slack), "idle", self.fit(s.pending), s))
         out.sort(key=lambda c: c[0])
@@ -216,14 +227,16 @@ class DeadlinePolicy:
         talker has rows to step; ``talker_urgent``: one of them still waits for its first chunk's
         frames (then critical decodes alternate with talker steps too: time to first audio)."""
         cands = self.candidates(streams, now, talker_busy)
-        for _, _, _, s in cands:
-            if s.t_ready is None:
+        for _, reason, _, s in cands:
+            if s.t_ready is None and reason != "ahead":  # ahead: not due (scheduling lag)
                 s.t_ready = now
+        if cands and cands[0][1] == "ahead" and len(cands) < self.ahead_batch:
+            cands = []  # too few full chunks for an ahead call: they wait for more
         if not cands:
             self._last_was_codec = False
             return None
         key, reason, frames, _ = cands[0]
-        alternate = reason in ("due", "done") or (talker_urgent and reason != "first")
+        alternate = reason in ("due", "done", "ahead") or (talker_urgent and reason != "first")
         if talker_busy and self._last_was_codec and alternate:
             self._last_was_codec = False  # a talker step between two decodes
             return None

@@ -124,6 +124,7 @@ def make_fused(cfg: TalkerModelConfig, engine):
         cfg.codec_max_batch,
         cfg.fused_ride_along,
         cfg.fused_finish,
+        cfg.fused_ahead_batch,
     )
     return FusedPipeline(
         engine, runner or sd, pool, policy, prime_frames=cfg.chunk_frames, first_on_device=cfg.fused_first_on_device

@@ -530,9 +530,11 @@ def deadline_policy(
     max_batch: int,
     ride_along: str = default("fused_ride_along"),
     finish: str = default("fused_finish"),
+    ahead_batch: int = default("fused_ahead_batch"),
 ) -> DeadlinePolicy:
     """The fused pipeline's policy from its settings (``first_chunk_frames``, ``chunk_ramp``,
-    ``chunk_frames``, ``fused_buffer_ms``, ``codec_max_batch_size``, ``fused_ride_along``): a
+    ``chunk_frames``, ``fused_buffer_ms``, ``codec_max_batch_size``, ``fused_ride_along``,
+    ``fused_finish``, ``fused_ahead_batch``): a
     stream is critical below half its buffer target (at most 150 ms), and the codec's frame
     counts are :func:`frame_buckets`'."""
     return DeadlinePolicy(
@@ -545,6 +547,7 @@ def deadline_policy(
         frame_buckets=frame_buckets(first_chunk_frames, ramp, chunk_frames),
         ride_along=ride_along,
         finish=finish,
+        ahead_batch=ahead_batch,
     )
 
 
