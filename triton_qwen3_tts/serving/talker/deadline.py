@@ -32,11 +32,13 @@ the talker runs and at least ``ahead_batch`` such streams have a whole ``chunk_f
 pending, they are decoded together, after everything more urgent and never twice in a row
 without a talker step between. Streams far ahead of playback (a closed loop's) otherwise keep
 most of their frames until their talker is done, and the request ends only after the last of
-them is decoded; ahead calls decode them earlier in the codec's fullest calls instead. A decode takes at most ``chunk_frames`` frames per stream, rounded
-down to one of ``frame_buckets`` (the codec's CUDA-graph sizes; the rest stays pending). The
-batch is the most urgent stream's group: the candidates that decode the same number of frames,
-most urgent first, then (filling the batch) **ride-alongs**, least slack first; at most
-``max_batch``. Which streams may ride along (``ride_along``):
+them is decoded; ahead calls decode them earlier in the codec's fullest calls instead.
+
+A decode takes at most ``chunk_frames`` frames per stream, rounded down to one of
+``frame_buckets`` (the codec's CUDA-graph sizes; the rest stays pending). The batch is the most
+urgent stream's group: the candidates that decode the same number of frames, most urgent first,
+then (filling the batch) **ride-alongs**, least slack first; at most ``max_batch``. Which streams
+may ride along (``ride_along``):
 
 * ``schedule``: a stream with at least the batch's frames pending whose schedule's next chunk is
   no larger than that (it would be decoded in a call of its own soon anyway);
