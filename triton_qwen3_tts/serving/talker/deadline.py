@@ -195,17 +195,17 @@ class DeadlinePolicy:
             slack = s.slack(now)
             # ready: its next chunk (the ramp's size) is pending, or the talker is done with it
             ready = s.pending >= self.fit(self.chunk_size(s.chunks)) or s.talker_done
-            frames = self.final_frames(s) if s.talker_done else self.fit(s.pending)
+            frames = self.final_frames(s) if s.talker_done else self.fit(s.pending)  # every branch's
             if ready and slack < self.urgent_s:
                 out.append(((1, 0, slack), "critical", frames, s))
             elif s.talker_done:
                 out.append(((2, done_rank, slack), "done", frames, s))
             elif ready and slack < self.buffer_s:
-                out.append(((2, 2, slack), "due", self.fit(s.pending), s))
+                out.append(((2, 2, slack), "due", frames, s))
             elif self.ahead_batch and talker_busy and s.pending >= self.chunk_frames:
-                out.append(((3, 0, slack), "ahead", self.fit(s.pending), s))
+                out.append(((3, 0, slack), "ahead", frames, s))
             elif not talker_busy:
-                out.append(((3, 0, slack), "idle", self.fit(s.pending), s))
+                out.append(((3, 0, slack), "idle", frames, s))
         out.sort(key=lambda c: c[0])
         return out
 
